@@ -1,0 +1,1 @@
+"""mycroft.collector_processor"""

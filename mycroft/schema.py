@@ -1,0 +1,278 @@
+"""The span contract: every span name, attribute name and resource key Mycroft uses.
+
+Every component imports its strings from here; nobody retypes a key. The table in
+docs/schema.md documents each name (type, meaning, example) and a test checks that
+the table and this module agree.
+
+Also here: the pure helpers that make identities deterministic across ranks
+(group ids, trace ids, span ids) and the compact encoding of a group's members.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+SCHEMA_VERSION: Final = "1"
+INSTRUMENTATION_SCOPE: Final = "mycroft"
+
+# --------------------------------------------------------------------------------------
+# Resource keys (one set per process / rank)
+# --------------------------------------------------------------------------------------
+RES_SERVICE_NAME: Final = "service.name"
+RES_HOST_NAME: Final = "host.name"
+RES_PROCESS_PID: Final = "process.pid"
+RES_JOB_ID: Final = "mycroft.job.id"
+RES_RANK: Final = "mycroft.rank"
+RES_WORLD_SIZE: Final = "mycroft.world_size"
+RES_LOCAL_RANK: Final = "mycroft.local_rank"
+RES_SCHEMA_VERSION: Final = "mycroft.schema.version"
+
+# --------------------------------------------------------------------------------------
+# Span names (low cardinality). Collective / p2p spans are named by their op (OP_*).
+# --------------------------------------------------------------------------------------
+SPAN_HEARTBEAT: Final = "mycroft.heartbeat"
+SPAN_COLLECTIVE_SUMMARY: Final = "mycroft.collective.summary"
+SPAN_FLOW_SUMMARY: Final = "mycroft.flow.summary"
+SPAN_NATIVE_COLL: Final = "nccl.collective"
+SPAN_NATIVE_FLOW: Final = "nccl.flow"
+SPAN_NATIVE_STEP: Final = "nccl.proxy_step"
+SPAN_NATIVE_KERNEL_CHANNEL: Final = "nccl.kernel_channel"
+
+# --------------------------------------------------------------------------------------
+# Attributes shared by every Mycroft span
+# --------------------------------------------------------------------------------------
+ATTR_SPAN_KIND: Final = "mycroft.span.kind"
+ATTR_RANK: Final = "mycroft.rank"  # also a resource key; copied onto spans for backends without resources
+ATTR_JOB_ID: Final = "mycroft.job.id"
+
+# values of ATTR_SPAN_KIND
+KIND_COLLECTIVE: Final = "collective"
+KIND_P2P: Final = "p2p"
+KIND_HEARTBEAT: Final = "heartbeat"
+KIND_COLLECTIVE_SUMMARY: Final = "collective_summary"
+KIND_FLOW_SUMMARY: Final = "flow_summary"
+KIND_NATIVE_COLL: Final = "native_collective"
+KIND_NATIVE_FLOW: Final = "native_flow"
+KIND_NATIVE_STEP: Final = "native_step"
+KIND_NATIVE_KERNEL_CHANNEL: Final = "native_kernel_channel"
+
+# --------------------------------------------------------------------------------------
+# Collective / p2p span (one per rank per op)
+# --------------------------------------------------------------------------------------
+ATTR_OP: Final = "mycroft.op"  # normalised op family, one of OP_*
+ATTR_API: Final = "mycroft.api"  # the exact entry point, e.g. "torch.distributed.all_gather_into_tensor"
+ATTR_SOURCE: Final = "mycroft.source"  # one of SOURCE_*
+ATTR_GROUP_ID: Final = "mycroft.group.id"
+ATTR_GROUP_NAME: Final = "mycroft.group.name"
+ATTR_GROUP_DESC: Final = "mycroft.group.desc"
+ATTR_GROUP_SIZE: Final = "mycroft.group.size"
+ATTR_GROUP_RANKS: Final = "mycroft.group.ranks"  # compact string, see encode_ranks()
+ATTR_GROUP_RANK: Final = "mycroft.group.rank"  # this rank's index inside the group
+ATTR_SEQ: Final = "mycroft.seq"  # per-group collective sequence number; for p2p the pair's own sequence
+ATTR_BYTES: Final = "mycroft.bytes"
+ATTR_DTYPE: Final = "mycroft.dtype"
+ATTR_PEER: Final = "mycroft.peer"  # global rank of the p2p peer
+ATTR_P2P_SRC: Final = "mycroft.p2p.src"  # global rank of the sender
+ATTR_P2P_DST: Final = "mycroft.p2p.dst"  # global rank of the receiver
+ATTR_ROOT: Final = "mycroft.root"  # global rank of the root for rooted ops
+ATTR_REDUCE_OP: Final = "mycroft.reduce_op"
+ATTR_BACKEND: Final = "mycroft.backend"
+ATTR_ASYNC: Final = "mycroft.async"
+ATTR_STATE: Final = "mycroft.state"  # one of STATE_*
+ATTR_ERROR: Final = "mycroft.error"
+ATTR_TIMING: Final = "mycroft.timing"  # one of TIMING_*
+
+OP_ALL_REDUCE: Final = "all_reduce"
+OP_ALL_GATHER: Final = "all_gather"
+OP_REDUCE_SCATTER: Final = "reduce_scatter"
+OP_BROADCAST: Final = "broadcast"
+OP_REDUCE: Final = "reduce"
+OP_GATHER: Final = "gather"
+OP_SCATTER: Final = "scatter"
+OP_ALL_TO_ALL: Final = "all_to_all"
+OP_BARRIER: Final = "barrier"
+OP_SEND: Final = "send"
+OP_RECV: Final = "recv"
+COLLECTIVE_OPS: Final = (
+    OP_ALL_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_BROADCAST, OP_REDUCE,
+    OP_GATHER, OP_SCATTER, OP_ALL_TO_ALL, OP_BARRIER,
+)
+P2P_OPS: Final = (OP_SEND, OP_RECV)
+
+SOURCE_PYTHON: Final = "python"  # a wrapped torch.distributed / functional-collective call
+SOURCE_FLIGHT_RECORDER: Final = "flight_recorder"  # seen only in PyTorch's Flight Recorder (e.g. DDP reducer)
+SOURCE_NATIVE: Final = "native"  # the NCCL profiler plugin
+
+STATE_COMPLETED: Final = "completed"
+STATE_ERROR: Final = "error"
+STATE_TIMEOUT: Final = "timeout"
+STATE_IN_FLIGHT: Final = "in_flight"  # only on spans flushed at shutdown / signal
+
+TIMING_EXACT: Final = "exact"  # start/end taken on the issuing thread / completion callback
+TIMING_POLLED: Final = "polled"  # end observed by a poller; accurate to the poll interval
+
+# --------------------------------------------------------------------------------------
+# Heartbeat span (per rank, every MYCROFT_HEARTBEAT_INTERVAL seconds)
+# Per-group and per-in-flight-op values are parallel arrays (OTel attributes are flat).
+# --------------------------------------------------------------------------------------
+ATTR_HB_COUNTER: Final = "mycroft.hb.counter"  # increments by one per heartbeat of this rank
+ATTR_HB_INTERVAL_S: Final = "mycroft.hb.interval_s"
+ATTR_HB_FINAL: Final = "mycroft.hb.final"  # last heartbeat of the process
+ATTR_HB_EXIT_REASON: Final = "mycroft.hb.exit_reason"  # "exit", "SIGTERM", ...
+ATTR_HB_IDLE_S: Final = "mycroft.hb.idle_s"  # seconds since this rank last had an op in flight
+ATTR_HB_STACK: Final = "mycroft.hb.stack"  # main-thread Python stack, innermost last
+ATTR_HB_DROPPED: Final = "mycroft.hb.dropped"  # telemetry records dropped so far by this rank
+ATTR_HB_STEP: Final = "mycroft.hb.step"  # optional training step reported by the user
+
+ATTR_HB_GROUP_IDS: Final = "mycroft.hb.group.ids"
+ATTR_HB_GROUP_NAMES: Final = "mycroft.hb.group.names"
+ATTR_HB_GROUP_SIZES: Final = "mycroft.hb.group.sizes"
+ATTR_HB_GROUP_RANKS: Final = "mycroft.hb.group.ranks"  # compact strings, see encode_ranks()
+ATTR_HB_GROUP_ISSUED: Final = "mycroft.hb.group.issued"  # last issued collective seq per group
+ATTR_HB_GROUP_COMPLETED: Final = "mycroft.hb.group.completed"  # last completed collective seq per group
+
+ATTR_HB_INFLIGHT_GROUP_IDS: Final = "mycroft.hb.inflight.group_ids"
+ATTR_HB_INFLIGHT_SEQS: Final = "mycroft.hb.inflight.seqs"
+ATTR_HB_INFLIGHT_OPS: Final = "mycroft.hb.inflight.ops"
+ATTR_HB_INFLIGHT_AGES_S: Final = "mycroft.hb.inflight.ages_s"
+ATTR_HB_INFLIGHT_PEERS: Final = "mycroft.hb.inflight.peers"  # -1 for collectives
+ATTR_HB_INFLIGHT_BYTES: Final = "mycroft.hb.inflight.bytes"
+
+# Native per-flow counters of in-flight NCCL ops (parallel arrays)
+ATTR_HB_FLOW_COMMS: Final = "mycroft.hb.flow.comms"  # NCCL commHash, hex
+ATTR_HB_FLOW_SEQS: Final = "mycroft.hb.flow.seqs"
+ATTR_HB_FLOW_CHANNELS: Final = "mycroft.hb.flow.channels"
+ATTR_HB_FLOW_PEERS: Final = "mycroft.hb.flow.peers"
+ATTR_HB_FLOW_SENDS: Final = "mycroft.hb.flow.sends"  # bool: this rank is the sending side
+ATTR_HB_FLOW_STEPS: Final = "mycroft.hb.flow.steps"  # steps the flow must make
+ATTR_HB_FLOW_GPU_READY: Final = "mycroft.hb.flow.gpu_ready"
+ATTR_HB_FLOW_TRANSMITTED: Final = "mycroft.hb.flow.transmitted"
+ATTR_HB_FLOW_DONE: Final = "mycroft.hb.flow.done"
+ATTR_HB_FLOW_AGES_S: Final = "mycroft.hb.flow.ages_s"
+
+# --------------------------------------------------------------------------------------
+# Native (NCCL profiler plugin) spans
+# --------------------------------------------------------------------------------------
+ATTR_NCCL_COMM_HASH: Final = "mycroft.nccl.comm_hash"  # hex
+ATTR_NCCL_FUNC: Final = "mycroft.nccl.func"
+ATTR_NCCL_ALGO: Final = "mycroft.nccl.algo"
+ATTR_NCCL_PROTO: Final = "mycroft.nccl.proto"
+ATTR_NCCL_CHANNELS: Final = "mycroft.nccl.channels"
+ATTR_NCCL_CHANNEL: Final = "mycroft.nccl.channel"
+ATTR_NCCL_IS_SEND: Final = "mycroft.nccl.is_send"
+ATTR_NCCL_STEPS: Final = "mycroft.nccl.steps"
+ATTR_NCCL_CHUNK_SIZE: Final = "mycroft.nccl.chunk_size"
+ATTR_NCCL_PID: Final = "mycroft.nccl.pid"
+ATTR_NCCL_STEP: Final = "mycroft.nccl.step"
+ATTR_FLOW_GPU_READY: Final = "mycroft.flow.gpu_ready"
+ATTR_FLOW_TRANSMITTED: Final = "mycroft.flow.transmitted"
+ATTR_FLOW_DONE: Final = "mycroft.flow.done"
+ATTR_FLOW_STALL_STATE: Final = "mycroft.flow.stall_state"  # one of FLOW_STATE_*
+
+# Mycroft's per-flow state table (paper): where a flow that does not progress is stuck.
+FLOW_STATE_NOT_STARTED: Final = "not_started"  # G = T = D = 0
+FLOW_STATE_NOT_TRANSMITTED: Final = "not_transmitted"  # G > T
+FLOW_STATE_NOT_DELIVERED: Final = "not_delivered"  # T > D
+FLOW_STATE_GPU_NOT_READY: Final = "gpu_not_ready"  # G = T = D > 0, behind the peers
+FLOW_STATE_COMPLETE: Final = "complete"
+
+# --------------------------------------------------------------------------------------
+# Collective summary span (collector_processor; belongs to the collective, no mycroft.rank)
+# --------------------------------------------------------------------------------------
+ATTR_SUM_RANKS: Final = "mycroft.summary.ranks"  # int[] ranks that reported
+ATTR_SUM_MISSING_RANKS: Final = "mycroft.summary.missing_ranks"  # int[]
+ATTR_SUM_EXPECTED: Final = "mycroft.summary.expected"  # group size
+ATTR_SUM_COMPLETE: Final = "mycroft.summary.complete"  # every member reported
+ATTR_SUM_FIRST_RANK: Final = "mycroft.summary.first_rank"
+ATTR_SUM_LAST_RANK: Final = "mycroft.summary.last_rank"
+ATTR_SUM_ARRIVAL_SKEW_S: Final = "mycroft.summary.arrival_skew_s"
+ATTR_SUM_DURATION_MIN_S: Final = "mycroft.summary.duration_min_s"
+ATTR_SUM_DURATION_MAX_S: Final = "mycroft.summary.duration_max_s"
+ATTR_SUM_DURATION_SPREAD_S: Final = "mycroft.summary.duration_spread_s"
+ATTR_SUM_ALGBW_GBPS: Final = "mycroft.summary.algbw_gbps"
+ATTR_SUM_BUSBW_GBPS: Final = "mycroft.summary.busbw_gbps"
+ATTR_SUM_ANOMALY: Final = "mycroft.summary.anomaly"  # "" or why the raw detail was kept
+ATTR_SUM_FLOWS: Final = "mycroft.summary.flows"  # condensed native flows
+
+
+# --------------------------------------------------------------------------------------
+# Pure helpers: deterministic identities
+# --------------------------------------------------------------------------------------
+def _digest(*parts: object) -> bytes:
+    text = "\x1f".join(str(part) for part in parts)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def group_id(group_name: str, member_ranks: Sequence[int]) -> str:
+    """Stable id of a process group: the same on every member and across restarts.
+
+    torch names groups "0", "1", ... in creation order on every rank, so the name plus
+    the member list tells two groups over the same ranks apart.
+    """
+    return _digest("group", group_name, encode_ranks(member_ranks)).hex()[:16]
+
+
+def collective_trace_id(job_id: str, group: str, seq: int) -> int:
+    """Trace id shared by every rank's span of collective `seq` in group `group`."""
+    return int.from_bytes(_digest("coll", job_id, group, seq), "big") or 1
+
+
+def p2p_trace_id(job_id: str, group: str, src: int, dst: int, pair_seq: int) -> int:
+    """Trace id shared by the send and the matching recv (the pair's own sequence)."""
+    return int.from_bytes(_digest("p2p", job_id, group, src, dst, pair_seq), "big") or 1
+
+
+def rank_span_id(trace_id: int, rank: int, salt: str = "") -> int:
+    """Deterministic span id of one rank's span in a trace (retries dedupe downstream)."""
+    return int.from_bytes(_digest("span", trace_id, rank, salt)[:8], "big") or 1
+
+
+def encode_ranks(ranks: Iterable[int]) -> str:
+    """Compact, human-readable member list: "0-7", "0-14/2", "3,5,9-11".
+
+    Groups at scale are mostly arithmetic progressions, so a 16k-rank world is "0-16383".
+    """
+    values = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        if i + 1 < len(values):
+            step = values[i + 1] - values[i]
+            while j + 1 < len(values) and values[j + 1] - values[j] == step:
+                j += 1
+            if j - i >= 2 or (j - i == 1 and step == 1):
+                parts.append(f"{values[i]}-{values[j]}" + (f"/{step}" if step != 1 else ""))
+                i = j + 1
+                continue
+        parts.append(str(values[i]))
+        i += 1
+    return ",".join(parts)
+
+
+def decode_ranks(text: str) -> list[int]:
+    """Inverse of encode_ranks(); raises ValueError on malformed input."""
+    ranks: list[int] = []
+    if not text:
+        return ranks
+    for part in text.split(","):
+        span, _, step_text = part.partition("/")
+        first, dash, last = span.partition("-")
+        if dash:
+            step = int(step_text) if step_text else 1
+            if step <= 0:
+                raise ValueError(f"bad stride in rank list: {part!r}")
+            ranks.extend(range(int(first), int(last) + 1, step))
+        else:
+            ranks.append(int(first))
+    return ranks
+
+
+def trace_id_hex(trace_id: int) -> str:
+    return f"{trace_id:032x}"
+
+
+def span_id_hex(span_id: int) -> str:
+    return f"{span_id:016x}"

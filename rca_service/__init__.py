@@ -1,0 +1,1 @@
+"""mycroft.rca_service"""

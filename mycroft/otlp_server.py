@@ -39,7 +39,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
 
-    def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802 (gRPC name)
+    def Export(self, request, context):  # the gRPC method name
         try:
             records = records_from_request(request)
         except Exception as exc:
@@ -69,7 +69,7 @@ def _make_http_handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             log.debug("otlp-http: " + format, *args)
 
         def _reply(self, code: int, body: bytes, content_type: str = "application/json") -> None:
@@ -79,7 +79,7 @@ def _make_http_handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if self.path.split("?", 1)[0].rstrip("/") != "/v1/traces":
                 self._reply(404, b'{"error": "only /v1/traces is served here"}')
                 return

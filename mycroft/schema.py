@@ -195,6 +195,37 @@ ATTR_SUM_ALGBW_GBPS: Final = "mycroft.summary.algbw_gbps"
 ATTR_SUM_BUSBW_GBPS: Final = "mycroft.summary.busbw_gbps"
 ATTR_SUM_ANOMALY: Final = "mycroft.summary.anomaly"  # "" or why the raw detail was kept
 ATTR_SUM_FLOWS: Final = "mycroft.summary.flows"  # condensed native flows
+ATTR_SUM_ALGO: Final = "mycroft.summary.algo"  # NCCL algo most ranks used, else the backend ("gloo")
+ATTR_SUM_PROTO: Final = "mycroft.summary.proto"  # NCCL protocol most ranks used, "" without native detail
+ATTR_SUM_BUSBW_FACTOR: Final = "mycroft.summary.busbw_factor"  # nccl-tests factor: busbw = algbw * factor
+ATTR_SUM_EFFECTIVE_S: Final = "mycroft.summary.effective_s"  # last arrival -> last completion
+ATTR_SUM_CLOSED: Final = "mycroft.summary.closed"  # why the join window closed, one of CLOSED_*
+ATTR_SUM_ERROR_RANKS: Final = "mycroft.summary.error_ranks"  # int[] ranks whose state is not completed
+ATTR_SUM_DETAIL_SPANS: Final = "mycroft.summary.detail_spans"  # native detail spans seen for the collective
+ATTR_SUM_KEPT_REASON: Final = "mycroft.summary.kept_reason"  # on raw native detail the processor kept
+
+CLOSED_COMPLETE: Final = "complete"  # every member reported
+CLOSED_TIMEOUT: Final = "timeout"  # the window expired with members missing
+CLOSED_EVICTED: Final = "evicted"  # closed early to bound memory
+CLOSED_SHUTDOWN: Final = "shutdown"  # flushed when the processor stopped
+
+ANOMALY_INCOMPLETE: Final = "incomplete"
+ANOMALY_ERROR: Final = "error"
+ANOMALY_SKEWED: Final = "skewed"
+ANOMALY_SLOW: Final = "slow"
+
+# Flow summary span (one per rank, channel, peer and direction of a collective)
+ATTR_FLOW_SUM_RAW_SPANS: Final = "mycroft.flow_summary.raw_spans"  # native detail spans condensed
+ATTR_FLOW_SUM_STEPS: Final = "mycroft.flow_summary.steps"  # proxy steps observed
+ATTR_FLOW_SUM_STEP_MEAN_S: Final = "mycroft.flow_summary.step_mean_s"
+ATTR_FLOW_SUM_STEP_MAX_S: Final = "mycroft.flow_summary.step_max_s"
+ATTR_FLOW_SUM_BYTES: Final = "mycroft.flow_summary.bytes"  # steps * chunk size
+ATTR_FLOW_SUM_GBPS: Final = "mycroft.flow_summary.gbps"
+
+# Instrumentation scope of every span the collector processor emits (summaries, kept detail):
+# a processor passes spans of this scope through untouched, so chained or looped-back
+# processors never join or condense twice.
+PROCESSOR_SCOPE: Final = "mycroft.collector_processor"
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""Configuration from MYCROFT_* environment variables (plus the standard OTEL_* ones).
+
+Every knob has a sane default so `opentelemetry-instrument torchrun ...` needs none.
+A malformed value falls back to its default with one warning: configuration must
+never stop a training job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+log = logging.getLogger("mycroft.instrumentation")
+
+ENV_ENABLED = "MYCROFT_ENABLED"
+ENV_JOB_ID = "MYCROFT_JOB_ID"
+ENV_HEARTBEAT_INTERVAL = "MYCROFT_HEARTBEAT_INTERVAL"
+ENV_STACK_AFTER = "MYCROFT_STACK_AFTER"
+ENV_STACK_DEPTH = "MYCROFT_STACK_DEPTH"
+ENV_QUEUE_SIZE = "MYCROFT_QUEUE_SIZE"
+ENV_EXPORT_BATCH = "MYCROFT_EXPORT_BATCH"
+ENV_EXPORT_DELAY = "MYCROFT_EXPORT_DELAY"
+ENV_DDP_HOOK = "MYCROFT_DDP_HOOK"
+ENV_CATCH_SIGNALS = "MYCROFT_CATCH_SIGNALS"
+ENV_NATIVE = "MYCROFT_NATIVE"
+
+
+def _float(name: str, default: float, minimum: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+        if value < minimum:
+            raise ValueError(f"below {minimum}")
+        return value
+    except ValueError as exc:
+        log.warning("mycroft: ignoring %s=%r (%s); using %s", name, raw, exc, default)
+        return default
+
+
+def _int(name: str, default: int, minimum: int = 1) -> int:
+    return int(_float(name, float(default), float(minimum)))
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    log.warning("mycroft: ignoring %s=%r (not a boolean); using %s", name, raw, default)
+    return default
+
+
+@dataclass(frozen=True)
+class MycroftConfig:
+    """Resolved settings of one process. Read once, at instrument() time."""
+
+    enabled: bool = True
+    job_id: str | None = None  # None: negotiated through the c10d store at init
+    heartbeat_interval_s: float = 1.0
+    stack_after_s: float = 1.0
+    stack_depth: int = 8
+    queue_size: int = 65536
+    export_batch: int = 512
+    export_delay_s: float = 0.2
+    ddp_hook: bool = True
+    catch_signals: tuple[str, ...] = field(default=("SIGTERM",))
+    native: bool = True
+
+    @classmethod
+    def from_env(cls) -> MycroftConfig:
+        job = os.environ.get(ENV_JOB_ID) or None
+        if job is None:
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+            if run_id and run_id != "none":
+                job = run_id
+        signals = tuple(
+            name.strip().upper() for name in os.environ.get(ENV_CATCH_SIGNALS, "SIGTERM").split(",")
+            if name.strip()
+        )
+        return cls(
+            enabled=_bool(ENV_ENABLED, True) and not _bool("OTEL_SDK_DISABLED", False),
+            job_id=job,
+            heartbeat_interval_s=_float(ENV_HEARTBEAT_INTERVAL, 1.0, 0.01),
+            stack_after_s=_float(ENV_STACK_AFTER, 1.0, 0.0),
+            stack_depth=_int(ENV_STACK_DEPTH, 8),
+            queue_size=_int(ENV_QUEUE_SIZE, 65536, 16),
+            export_batch=_int(ENV_EXPORT_BATCH, 512),
+            export_delay_s=_float(ENV_EXPORT_DELAY, 0.2, 0.0),
+            ddp_hook=_bool(ENV_DDP_HOOK, True),
+            catch_signals=signals,
+            native=_bool(ENV_NATIVE, True),
+        )

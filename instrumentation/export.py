@@ -1,0 +1,188 @@
+"""Ships spans off the process: bounded queue, own thread, drops counted, never blocks.
+
+An unreachable collector makes the OTLP exporter retry for up to its timeout; that
+happens on this thread only. When the queue is full, new spans are dropped and
+counted, and the drop is logged once.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
+
+from mycroft import __version__, schema
+from mycroft.otlp import SpanRecord
+
+log = logging.getLogger("mycroft.instrumentation")
+
+_SCOPE = InstrumentationScope(schema.INSTRUMENTATION_SCOPE, __version__)
+_STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
+
+
+def to_readable_span(record: SpanRecord, resource: Resource) -> ReadableSpan:
+    context = SpanContext(record.trace_id, record.span_id, is_remote=False,
+                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    parent = (
+        SpanContext(record.trace_id, record.parent_span_id, is_remote=False,
+                    trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        if record.parent_span_id else None
+    )
+    code = _STATUS.get(record.status_code, StatusCode.UNSET)
+    return ReadableSpan(
+        name=record.name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=record.attributes,
+        start_time=record.start_ns,
+        end_time=record.end_ns,
+        status=Status(code, record.status_message or None) if code is StatusCode.ERROR else Status(code),
+        instrumentation_scope=_SCOPE,
+    )
+
+
+def exporter_from_env() -> SpanExporter | None:
+    """The exporter the standard OTEL_* variables ask for (None: tracing export off)."""
+    names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    name = next((n for n in names if n and n != "none"), "none")
+    if name == "none":
+        return None
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name not in ("otlp", "otlp_proto_grpc", "otlp_proto_http"):
+        log.warning("mycroft: unknown OTEL_TRACES_EXPORTER %r; using otlp", name)
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+    if name == "otlp_proto_http" or protocol.startswith("http"):
+        if protocol == "http/json":
+            log.warning("mycroft: OTLP http/json export is not available in Python; using http/protobuf")
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+    return GrpcExporter()
+
+
+class Shipper:
+    """Bounded queue of spans drained in batches by one exporter thread."""
+
+    def __init__(self, exporter: SpanExporter | None, resource: Resource, max_queue: int,
+                 batch_size: int, delay_s: float, deliver: Any = None) -> None:
+        self._exporter = exporter
+        self._deliver = deliver  # alternative sink: a TracerProvider's span processor
+        self.resource = resource
+        self._queue: collections.deque[SpanRecord] = collections.deque()
+        self._max_queue = max_queue
+        self._batch_size = batch_size
+        self._delay_s = delay_s
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._busy = False
+        self.exported = 0
+        self.dropped_queue_full = 0
+        self.dropped_export_failed = 0
+        self._logged: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="mycroft-export", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_queue_full + self.dropped_export_failed
+
+    def _log_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args)
+
+    def submit(self, records: Sequence[SpanRecord], urgent: bool = False) -> None:
+        room = self._max_queue - len(self._queue)
+        if room < len(records):
+            self.dropped_queue_full += len(records) - max(room, 0)
+            self._log_once("queue", "mycroft: export queue full (%d spans); dropping and counting. "
+                           "Is the collector reachable?", self._max_queue)
+            records = records[: max(room, 0)]
+        self._queue.extend(records)
+        if urgent or len(self._queue) >= self._batch_size:
+            with self._wake:
+                self._wake.notify()
+
+    def _take_batch(self) -> list[SpanRecord]:
+        batch: list[SpanRecord] = []
+        while self._queue and len(batch) < self._batch_size:
+            batch.append(self._queue.popleft())
+        return batch
+
+    def _export(self, batch: list[SpanRecord]) -> None:
+        spans = [to_readable_span(record, self.resource) for record in batch]
+        if self._deliver is not None:
+            for span in spans:
+                self._deliver.on_end(span)
+            self.exported += len(spans)
+            return
+        if self._exporter is None:
+            return
+        try:
+            result = self._exporter.export(spans)
+        except Exception as exc:
+            result = SpanExportResult.FAILURE
+            self._log_once("exception", "mycroft: span export raised %r; dropping and counting", exc)
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.dropped_export_failed += len(spans)
+            self._log_once("failed", "mycroft: span export failed (collector unreachable?); "
+                           "dropping and counting. Training is not affected.")
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if not self._queue and not self._stopping:
+                    self._wake.wait(self._delay_s)
+            if self._stopping and not self._queue:
+                return
+            batch = self._take_batch()
+            if batch:
+                self._busy = True
+                try:
+                    self._export(batch)
+                finally:
+                    self._busy = False
+            elif not self._stopping:
+                continue
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the queue is empty and no export is running, or the timeout passes."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            self._wake.notify()
+        while (self._queue or self._busy) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queue and not self._busy
+
+    def shutdown(self, timeout_s: float = 2.0) -> None:
+        self.flush(timeout_s)
+        self._stopping = True
+        with self._wake:
+            self._wake.notify()
+        self._thread.join(timeout=timeout_s)
+        if self._exporter is not None:
+            try:
+                self._exporter.shutdown()
+            except Exception:
+                pass

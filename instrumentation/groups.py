@@ -1,0 +1,119 @@
+"""Process groups as the span contract sees them: stable id, name, members, sequence.
+
+Sequence numbers: every member must put the same `seq` on the same collective, and
+it must agree with torch's own numbering (Flight Recorder's collective_seq_id) so
+post-mortems line up. torch's per-group op counter
+(`ProcessGroup._get_sequence_number_for_group`) counts p2p ops too on some backends
+(gloo) and not on others (NCCL); p2p ops are only issued by one side of a group, so
+we measure how much each of our own p2p ops moved the counter and subtract it.
+Collectives that bypass Python (DDP's C++ reducer, C++ broadcasts at DDP init) still
+move the counter, so numbering stays right after them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mycroft import schema
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    """Static facts of one group plus this rank's counters in it (mutated on the hot path)."""
+
+    gid: str
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    ranks_text: str
+    group_rank: int
+    backend: str
+    pg: Any  # the ProcessGroup; kept to read its counter
+    has_counter: bool = True
+    own_counter: int = 0  # fallback when the backend has no sequence counter
+    p2p_counter_delta: int = 0  # how far our own p2p ops moved torch's counter
+    pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
+    issued: int = 0  # last collective seq issued on this rank
+    completed: int = 0  # last collective seq completed on this rank
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def counter(self) -> int:
+        if self.has_counter:
+            try:
+                return int(self.pg._get_sequence_number_for_group())
+            except Exception:
+                self.has_counter = False
+        return self.own_counter
+
+    def next_collective_seq(self) -> int:
+        """The seq the collective about to be issued will get (call just before issuing)."""
+        seq = self.counter() - self.p2p_counter_delta + 1
+        if not self.has_counter:
+            self.own_counter += 1
+        self.issued = seq
+        return seq
+
+    def next_pair_seq(self, src: int, dst: int) -> int:
+        key = (src, dst)
+        seq = self.pair_seq.get(key, 0) + 1
+        self.pair_seq[key] = seq
+        return seq
+
+
+class GroupRegistry:
+    """Resolves a ProcessGroup (or None for the default group) to its GroupInfo, cached."""
+
+    def __init__(self) -> None:
+        self._by_pg: dict[int, GroupInfo] = {}
+        self._default: GroupInfo | None = None
+
+    def all(self) -> list[GroupInfo]:
+        return list(self._by_pg.values())
+
+    def reset(self) -> None:
+        """Forget every group (after destroy_process_group the objects die and ids recycle)."""
+        self._by_pg = {}
+        self._default = None
+
+    def resolve(self, pg: Any) -> GroupInfo | None:
+        """None when this rank is not a member (torch then skips the op too)."""
+        if pg is None:
+            if self._default is None:
+                import torch.distributed as dist
+
+                self._default = self.resolve(dist.distributed_c10d._get_default_group())
+            return self._default
+        info = self._by_pg.get(id(pg))
+        if info is not None and info.pg is pg:
+            return info
+        return self._register(pg)
+
+    def _register(self, pg: Any) -> GroupInfo | None:
+        import torch.distributed as dist
+
+        if pg is None or pg is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        ranks = tuple(dist.get_process_group_ranks(pg))
+        name = str(getattr(pg, "group_name", "") or dist.distributed_c10d._get_process_group_name(pg))
+        desc = str(getattr(pg, "group_desc", "") or "")
+        try:
+            backend = str(dist.get_backend(pg))
+        except Exception:
+            backend = "unknown"
+        ranks_text = schema.encode_ranks(ranks)
+        info = GroupInfo(
+            gid=schema.group_id(name, ranks),
+            name=name,
+            desc=desc,
+            ranks=ranks,
+            ranks_text=ranks_text,
+            group_rank=pg.rank(),
+            backend=backend,
+            pg=pg,
+        )
+        self._by_pg[id(pg)] = info
+        return info

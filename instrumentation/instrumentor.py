@@ -1,0 +1,92 @@
+"""MycroftInstrumentor: the `opentelemetry_instrumentor` entry point for torch.distributed.
+
+    opentelemetry-instrument torchrun --nproc-per-node 8 train.py     # no code change
+    MycroftInstrumentor().instrument(tracer_provider=provider)        # OTel set up in code
+
+instrument() only patches functions; the background runtime starts when
+torch.distributed is initialised, so a script that never initialises it runs as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from mycroft.instrumentation import patching
+from mycroft.instrumentation.config import MycroftConfig
+from mycroft.instrumentation.recorder import Recorder
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+
+log = logging.getLogger("mycroft.instrumentation")
+
+
+class MycroftInstrumentor(BaseInstrumentor):
+    """Traces every collective and p2p op of torch.distributed, and heartbeats per rank.
+
+    Keyword arguments of instrument():
+      tracer_provider: an SDK TracerProvider; Mycroft's spans then go through its span
+        processors (and its exporters) instead of Mycroft's own OTLP exporter.
+      span_exporter: a SpanExporter to use instead of the one OTEL_* variables select.
+      config: a MycroftConfig (default: read from MYCROFT_* variables).
+    """
+
+    _recorder: Recorder | None = None
+    _runtime: Any = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("torch >= 2.4",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        config: MycroftConfig = kwargs.get("config") or MycroftConfig.from_env()
+        if not config.enabled:
+            log.info("mycroft: disabled by configuration")
+            return
+        try:
+            import torch.distributed as dist
+        except Exception as exc:  # torch without distributed support
+            log.warning("mycroft: torch.distributed unavailable (%r); nothing to trace", exc)
+            return
+        if not dist.is_available():
+            return
+        recorder = Recorder(config.queue_size)
+        self._recorder = recorder
+        self._patcher = patching.Patcher()
+        provider = kwargs.get("tracer_provider")
+        deliver = getattr(provider, "_active_span_processor", None) if provider is not None else None
+        base_resource = getattr(provider, "resource", None) if provider is not None else None
+        exporter = kwargs.get("span_exporter")
+
+        def start_runtime() -> None:
+            if self._runtime is not None:
+                return
+            from mycroft.instrumentation.runtime import Runtime
+
+            self._runtime = Runtime(config, recorder, exporter=exporter, deliver=deliver,
+                                    base_resource=base_resource)
+
+        def stop_runtime() -> None:
+            runtime, self._runtime = self._runtime, None
+            if runtime is not None:
+                runtime.final(exit_reason="destroy_process_group")
+                runtime.shutdown()
+            recorder.groups.reset()
+
+        patching.install(self._patcher, recorder, config.ddp_hook, start_runtime, stop_runtime)
+        if dist.is_initialized():
+            start_runtime()
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        patcher = getattr(self, "_patcher", None)
+        if patcher is not None:
+            patcher.uninstall()
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.final(exit_reason="uninstrument")
+            runtime.shutdown()
+        self._recorder = None
+
+    @property
+    def runtime(self) -> Any:
+        """The running background runtime (None before init_process_group)."""
+        return self._runtime

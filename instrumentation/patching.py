@@ -1,0 +1,285 @@
+"""Installs and removes the wrappers around torch.distributed; restores torch exactly.
+
+Wrapped:
+- every collective / p2p function of torch.distributed (patched both in
+  `torch.distributed` and in `distributed_c10d`, whose own helpers such as
+  batch_isend_irecv and all_gather_object call the module globals);
+- the functional collectives (DTensor's path) and their wait_tensor;
+- DistributedDataParallel: its gradient all-reduce runs in the C++ reducer, so a
+  comm hook routes it through the (wrapped) dist.all_reduce; a user's own
+  register_comm_hook still works — our hook dispatches to it;
+- init_process_group / destroy_process_group, to start the runtime once torch.distributed
+  exists and to forget groups when they die.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mycroft.instrumentation.ops import C10D_SPECS, FUNCOL_SPECS, OpSpec
+from mycroft.instrumentation.recorder import Recorder
+
+log = logging.getLogger("mycroft.instrumentation")
+
+_MARK = "__mycroft_wrapped__"
+
+
+class Patcher:
+    """Remembers every attribute it replaced so uninstall() puts the originals back."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def replace(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = getattr(owner, name, None)
+        if original is None or getattr(original, _MARK, False):
+            return
+        wrapped = make(original)
+        setattr(wrapped, _MARK, True)
+        self._saved.append((owner, name, original))
+        setattr(owner, name, wrapped)
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if recorder.nested():
+            return original(*args, **kwargs)
+        record = recorder.begin(spec, args, kwargs)
+        if record is None:
+            return original(*args, **kwargs)
+        recorder.enter()
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            recorder.failed(record, exc)
+            raise
+        finally:
+            recorder.leave()
+        recorder.issued(record, result)
+        return result
+
+    return wrapper
+
+
+def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    """batch_isend_irecv: one p2p record per P2POp, completed by the works torch returns."""
+    by_api = {spec.api: spec for spec in C10D_SPECS}
+
+    @functools.wraps(original)
+    def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
+        if recorder.nested():
+            return original(p2p_op_list, *args, **kwargs)
+        records = []
+        try:
+            for p2p in p2p_op_list:
+                name = getattr(p2p.op, "__name__", "")
+                spec = by_api["isend" if "send" in name else "irecv"]
+                record = recorder.begin(spec, (p2p.tensor, p2p.peer, p2p.group), {}, group=p2p.group)
+                if record is not None:
+                    record.api = "torch.distributed.batch_isend_irecv"
+                records.append(record)
+        except Exception:
+            records = []
+        recorder.enter()
+        try:
+            works = original(p2p_op_list, *args, **kwargs)
+        except BaseException as exc:
+            for record in records:
+                if record is not None:
+                    recorder.failed(record, exc)
+            raise
+        finally:
+            recorder.leave()
+        work_list = list(works) if isinstance(works, list) else []
+        for index, record in enumerate(records):
+            if record is not None:
+                work = work_list[index] if index < len(work_list) else (work_list[0] if work_list else None)
+                recorder.issued(record, [work] if work is not None else None)
+        return works
+
+    return wrapper
+
+
+def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if recorder.nested():
+            return original(*args, **kwargs)
+        record = None
+        try:
+            group_arg = args[spec.group[0]] if len(args) > spec.group[0] else kwargs.get("group")
+            pg = _resolve_process_group(funcol._resolve_group_name(group_arg, str(kwargs.get("tag", ""))))
+            record = recorder.begin(spec, args, kwargs, group=pg,
+                                    api_prefix="torch.distributed._functional_collectives.")
+        except Exception as exc:
+            recorder._note_error("funcol." + spec.api, exc)
+        if record is None:
+            return original(*args, **kwargs)
+        recorder.enter()
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            recorder.failed(record, exc)
+            raise
+        finally:
+            recorder.leave()
+        recorder.watch_tensor(record, result)
+        return result
+
+    return wrapper
+
+
+def _wait_tensor_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(tensor, *args, **kwargs)
+        if recorder.funcol_pending:
+            recorder.tensor_waited(tensor)
+        return result
+
+    return wrapper
+
+
+# ------------------------------------------------------------------ DDP
+class _DdpHookState:
+    """State of our DDP comm hook; a small object so the C++ reducer holds no DDP cycle."""
+
+    __slots__ = ("process_group", "user_hook")
+
+    def __init__(self, process_group: Any) -> None:
+        self.process_group = process_group
+        self.user_hook: tuple[Callable[..., Any], Any] | None = None
+
+
+def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
+    """DDP comm hook: the user's hook if one was registered, else DDP's default all-reduce.
+
+    Either way the bucket's collective goes through the wrapped torch.distributed API.
+    """
+    if state.user_hook is not None:
+        hook, user_state = state.user_hook
+        return hook(user_state, bucket)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.allreduce_hook(state.process_group, bucket)
+
+
+def _ddp_init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            import torch.distributed as dist
+
+            state = _DdpHookState(self.process_group)
+            dist._register_comm_hook(self.reducer, state, _mycroft_ddp_hook)
+            self._mycroft_hook_state = state
+        except Exception as exc:
+            self._mycroft_hook_state = None
+            log.warning("mycroft: could not route DDP's all-reduce through the tracer (%r); "
+                        "DDP gradients will not be traced", exc)
+
+    return wrapper
+
+
+def _ddp_register_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, state: object, hook: Callable[..., Any]) -> None:
+        ours: _DdpHookState | None = getattr(self, "_mycroft_hook_state", None)
+        if ours is None:
+            return original(self, state, hook)
+        self._check_comm_hook(hook)
+        if ours.user_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks.append((hook, state))
+        ours.user_hook = (hook, state)
+        return None
+
+    return wrapper
+
+
+def _ddp_builtin_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(self: Any, comm_hook_type: Any) -> None:
+        ours: _DdpHookState | None = getattr(self, "_mycroft_hook_state", None)
+        if ours is None:
+            return original(self, comm_hook_type)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        name = str(comm_hook_type).rsplit(".", 1)[-1].upper()
+        if name == "FP16_COMPRESS":
+            ours.user_hook = (default_hooks.fp16_compress_hook, self.process_group)
+        elif name != "ALLREDUCE":
+            raise RuntimeError(f"mycroft: unsupported builtin comm hook {comm_hook_type}")
+        return None
+
+    return wrapper
+
+
+def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool,
+            on_init: Callable[[], None], on_destroy: Callable[[], None]) -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for spec in C10D_SPECS:
+        for owner in (c10d, dist):
+            patcher.replace(owner, spec.api, functools.partial(_collective_wrapper, recorder, spec))
+    for owner in (c10d, dist):
+        patcher.replace(owner, "batch_isend_irecv", lambda original: _batch_wrapper(recorder, original))
+
+    def init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                on_init()
+            except Exception as exc:
+                recorder._note_error("init_process_group", exc)
+            return result
+
+        return wrapper
+
+    def destroy_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not args and kwargs.get("group") is None:
+                try:
+                    on_destroy()
+                except Exception as exc:
+                    recorder._note_error("destroy_process_group", exc)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    for owner in (c10d, dist):
+        patcher.replace(owner, "init_process_group", init_wrapper)
+        patcher.replace(owner, "destroy_process_group", destroy_wrapper)
+
+    try:
+        import torch.distributed._functional_collectives as funcol
+
+        for spec in FUNCOL_SPECS:
+            patcher.replace(funcol, spec.api, functools.partial(_funcol_wrapper, recorder, spec))
+        patcher.replace(funcol, "wait_tensor", lambda original: _wait_tensor_wrapper(recorder, original))
+    except Exception as exc:  # older torch without functional collectives
+        log.info("mycroft: functional collectives not traced (%r)", exc)
+
+    if ddp_hook:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        patcher.replace(DDP, "__init__", _ddp_init_wrapper)
+        patcher.replace(DDP, "register_comm_hook", _ddp_register_hook_wrapper)
+        patcher.replace(DDP, "_register_builtin_comm_hook", _ddp_builtin_hook_wrapper)

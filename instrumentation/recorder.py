@@ -1,0 +1,274 @@
+"""The hot path: what the training thread does per collective — record, nothing more.
+
+The training thread appends plain OpRecords to a bounded queue and keeps a dict of
+what is in flight; the background runtime turns them into spans and heartbeats.
+Every entry point is wrapped so that no error of ours can reach the training code:
+on any failure the op runs unrecorded and the failure is counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from typing import Any
+
+from mycroft.instrumentation.groups import GroupInfo, GroupRegistry
+from mycroft.instrumentation.ops import OpSpec, arg
+
+from mycroft import schema
+
+log = logging.getLogger("mycroft.instrumentation")
+
+_now_ns = time.time_ns
+
+
+class OpRecord:
+    """One collective / p2p op on this rank. Mutated only until it is queued."""
+
+    __slots__ = (
+        "api",
+        "async_op",
+        "bytes",
+        "dst",
+        "dtype",
+        "end_ns",
+        "error",
+        "group",
+        "key",
+        "op",
+        "peer",
+        "reduce_op",
+        "root",
+        "seq",
+        "source",
+        "src",
+        "start_ns",
+        "state",
+        "timing",
+    )
+
+    def __init__(self, api: str, op: str, group: GroupInfo, seq: int, start_ns: int) -> None:
+        self.api = api
+        self.op = op
+        self.group = group
+        self.seq = seq
+        self.start_ns = start_ns
+        self.end_ns = 0
+        self.bytes = 0
+        self.dtype = ""
+        self.peer = -1
+        self.src = -1
+        self.dst = -1
+        self.root = -1
+        self.reduce_op = ""
+        self.async_op = False
+        self.state = schema.STATE_IN_FLIGHT
+        self.error = ""
+        self.timing = schema.TIMING_EXACT
+        self.source = schema.SOURCE_PYTHON
+        self.key = 0
+
+
+def payload_info(value: Any) -> tuple[int, str]:
+    """(bytes, dtype) of a tensor or a list of tensors; (0, "") for anything odd."""
+    try:
+        if value is None:
+            return 0, ""
+        if isinstance(value, list | tuple):
+            total = 0
+            dtype = ""
+            for item in value:
+                nbytes, item_dtype = payload_info(item)
+                total += nbytes
+                dtype = dtype or item_dtype
+            return total, dtype
+        numel = value.numel()
+        return int(numel * value.element_size()), str(value.dtype).removeprefix("torch.")
+    except Exception:
+        return 0, ""
+
+
+class Recorder:
+    """Per-process recording state shared by every wrapper."""
+
+    def __init__(self, queue_size: int) -> None:
+        self.groups = GroupRegistry()
+        self.queue: collections.deque[OpRecord] = collections.deque()
+        self.queue_size = queue_size
+        self.inflight: dict[int, OpRecord] = {}
+        self.dropped = 0
+        self.errors = 0
+        self.last_activity_ns = _now_ns()
+        self.world_rank = -1
+        self._keys = itertools.count(1)
+        self._local = threading.local()
+        self._error_logged = False
+        self._drop_logged = False
+        self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
+        self.funcol_pending: dict[int, OpRecord] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _note_error(self, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        if not self._error_logged:
+            self._error_logged = True
+            log.warning("mycroft: instrumentation error in %s (%r); the op ran unrecorded. "
+                        "Further errors are counted, not logged.", where, exc)
+
+    def _push(self, record: OpRecord) -> None:
+        if len(self.queue) >= self.queue_size:
+            self.dropped += 1
+            if not self._drop_logged:
+                self._drop_logged = True
+                log.warning("mycroft: telemetry queue full (%d records); dropping and counting. "
+                            "Training is not slowed.", self.queue_size)
+            return
+        self.queue.append(record)
+
+    def nested(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0
+
+    def enter(self) -> None:
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def leave(self) -> None:
+        self._local.depth -= 1
+
+    # ------------------------------------------------------------------ hot path
+    def begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
+              group: Any = None, api_prefix: str = "torch.distributed.") -> OpRecord | None:
+        """Record the issue of an op; None means "run it unrecorded"."""
+        try:
+            info = self.groups.resolve(group if group is not None else arg(args, kwargs, spec.group))
+            if info is None:
+                return None
+            start = _now_ns()
+            if spec.is_p2p:
+                record = OpRecord(api_prefix + spec.api, spec.op, info, 0, start)
+                peer = arg(args, kwargs, spec.peer)
+                if peer is None:
+                    group_peer = arg(args, kwargs, spec.group_peer)
+                    peer = info.ranks[group_peer] if isinstance(group_peer, int) else None
+                me = self.world_rank
+                record.peer = peer if isinstance(peer, int) else -1
+                record.src, record.dst = (me, record.peer) if spec.is_send else (record.peer, me)
+                if record.peer >= 0:
+                    record.seq = info.next_pair_seq(record.src, record.dst)
+                record.key = info.counter()  # to measure how far this p2p op moves torch's counter
+            else:
+                record = OpRecord(api_prefix + spec.api, spec.op, info, info.next_collective_seq(), start)
+                if spec.root[1]:
+                    root = arg(args, kwargs, spec.root)
+                    if root is None and spec.group_root[1]:
+                        group_root = arg(args, kwargs, spec.group_root)
+                        root = info.ranks[group_root] if isinstance(group_root, int) else None
+                    record.root = root if isinstance(root, int) else -1
+            if spec.reduce_op[1]:
+                reduce_op = arg(args, kwargs, spec.reduce_op)
+                if reduce_op is not None:
+                    record.reduce_op = str(reduce_op).rsplit(".", 1)[-1].lower()
+            if spec.payload[1]:
+                record.bytes, record.dtype = payload_info(arg(args, kwargs, spec.payload))
+            record.async_op = spec.always_async or bool(arg(args, kwargs, spec.async_op, False))
+            self.inflight[id(record)] = record
+            self.last_activity_ns = start
+            return record
+        except Exception as exc:
+            self._note_error(spec.api, exc)
+            return None
+
+    def issued(self, record: OpRecord, result: Any) -> None:
+        """The call returned: a sync op is complete; an async one completes later."""
+        try:
+            info = record.group
+            if record.op in schema.P2P_OPS:
+                info.p2p_counter_delta += info.counter() - record.key
+                if record.peer < 0 and isinstance(result, int):  # recv from any source
+                    record.peer = record.src = result
+                    record.seq = info.next_pair_seq(record.src, record.dst)
+            if not record.async_op:
+                self.complete(record)
+                return
+            work = result[0] if isinstance(result, list) and result else result
+            if work is None:  # coalesced (NCCL batch) or torch returned nothing to wait on
+                self.complete(record, timing=schema.TIMING_POLLED)
+                return
+            self._watch(record, work)
+        except Exception as exc:
+            self._note_error("issued", exc)
+            self.inflight.pop(id(record), None)
+
+    def failed(self, record: OpRecord, exc: BaseException) -> None:
+        record.error = f"{type(exc).__name__}: {exc}"[:512]
+        timeout = "timeout" in record.error.lower() or "timed out" in record.error.lower()
+        self.complete(record, state=schema.STATE_TIMEOUT if timeout else schema.STATE_ERROR)
+
+    def complete(self, record: OpRecord, state: str = schema.STATE_COMPLETED,
+                 timing: str = schema.TIMING_EXACT) -> None:
+        """Mark done (safe from any thread: dict/deque ops are atomic under the GIL)."""
+        if record.end_ns:
+            return
+        record.end_ns = _now_ns()
+        record.state = state
+        record.timing = timing
+        if record.op not in schema.P2P_OPS and record.seq > record.group.completed and state == schema.STATE_COMPLETED:
+            record.group.completed = record.seq
+        self.inflight.pop(id(record), None)
+        self.last_activity_ns = record.end_ns
+        self._push(record)
+
+    def _watch(self, record: OpRecord, work: Any) -> None:
+        """Completion callback on the op's future; pollers fall back to is_completed()."""
+        try:
+            future = work.get_future()
+        except Exception:
+            future = None
+        if future is not None:
+            future.add_done_callback(lambda fut, rec=record: self._future_done(rec, fut))
+        else:
+            self.pending_works.append((record, work))
+
+    def _future_done(self, record: OpRecord, future: Any) -> None:
+        try:
+            future.value()
+            self.complete(record)
+        except Exception as exc:
+            self.failed(record, exc)
+
+    def watch_tensor(self, record: OpRecord, result: Any) -> None:
+        """Functional collectives complete when their tensor is waited on (funcol.wait_tensor)."""
+        elem = getattr(result, "elem", result)
+        self.funcol_pending[id(elem)] = record
+
+    def tensor_waited(self, tensor: Any) -> None:
+        record = self.funcol_pending.pop(id(tensor), None)
+        if record is not None:
+            self.complete(record)
+
+    def poll_pending(self) -> None:
+        """Background thread: completions nobody reports directly.
+
+        Works without a future (gloo p2p) are polled with is_completed(); functional
+        collectives never waited through funcol.wait_tensor (compiled code waits on the
+        op directly) complete once a later op of their group has: groups run in order.
+        """
+        for key, record in list(self.funcol_pending.items()):
+            if record.group.completed > record.seq:
+                self.funcol_pending.pop(key, None)
+                self.complete(record, timing=schema.TIMING_POLLED)
+        for _ in range(len(self.pending_works)):
+            record, work = self.pending_works.popleft()
+            try:
+                done = work.is_completed()
+            except Exception:
+                done = True
+            if done:
+                self.complete(record, timing=schema.TIMING_POLLED)
+            else:
+                self.pending_works.append((record, work))
+
+    def snapshot_inflight(self) -> list[OpRecord]:
+        return list(self.inflight.values())

@@ -1,0 +1,288 @@
+"""The background side of one rank: spans, heartbeats, signals, native ring, shutdown.
+
+Started once torch.distributed is initialised (a script that never initialises it
+gets no thread at all). Everything here runs on the `mycroft-runtime` thread, except
+the signal handler and the atexit hook, which do only bounded work.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import random
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from typing import Any
+
+from mycroft.instrumentation.config import MycroftConfig
+from mycroft.instrumentation.export import Shipper, exporter_from_env
+from mycroft.instrumentation.recorder import Recorder
+from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
+from opentelemetry.sdk.resources import Resource
+
+from mycroft import schema
+from mycroft.otlp import AttrValue, SpanRecord
+
+log = logging.getLogger("mycroft.instrumentation")
+
+JOB_ID_STORE_KEY = "mycroft/job_id"
+_OUR_FILES = (os.sep + "instrumentation" + os.sep, os.sep + "mycroft" + os.sep, "threading.py")
+
+
+def negotiate_job_id(configured: str | None) -> str:
+    """The job id every rank agrees on: configured, else set once in the c10d store."""
+    if configured:
+        return configured
+    try:
+        import torch.distributed as dist
+
+        store = dist.distributed_c10d._get_default_store()
+        proposal = uuid.uuid4().hex[:16]
+        agreed = store.compare_set(JOB_ID_STORE_KEY, "", proposal)
+        text = agreed.decode() if isinstance(agreed, bytes) else str(agreed)
+        if text:
+            return text
+    except Exception as exc:
+        log.debug("mycroft: job id negotiation failed: %r", exc)
+    return "job-{}-{}".format(os.environ.get("MASTER_ADDR", "local"), os.environ.get("MASTER_PORT", "0"))
+
+
+def main_thread_stack(depth: int) -> str:
+    """Where the main thread is now: innermost frame last, Mycroft's own frames removed."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    if frame is None:
+        return ""
+    frames = [entry for entry in traceback.extract_stack(frame)
+              if not any(part in entry.filename for part in _OUR_FILES)]
+    return "\n".join(f"{entry.filename}:{entry.lineno} in {entry.name}" for entry in frames[-depth:])
+
+
+class Runtime:
+    """Owns the background thread of one process."""
+
+    def __init__(self, config: MycroftConfig, recorder: Recorder, exporter: Any = None,
+                 deliver: Any = None, base_resource: Resource | None = None) -> None:
+        import torch.distributed as dist
+
+        self.config = config
+        self.recorder = recorder
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        recorder.world_rank = self.rank
+        self.job_id = negotiate_job_id(config.job_id)
+        self.resource = self._resource(base_resource)
+        if exporter is None and deliver is None:
+            exporter = exporter_from_env()
+        self.shipper = Shipper(exporter, self.resource, config.queue_size, config.export_batch,
+                               config.export_delay_s, deliver=deliver)
+        self._rng = random.Random()
+        self._hb_counter = 0
+        self._last_hb_ns = time.time_ns()
+        self._stop = threading.Event()
+        self._final_sent = threading.Lock()
+        self._final_done = False
+        self._native: Any = None
+        self._native_next_try = 0.0
+        self._wakeup_r: int | None = None
+        self._saved_handlers: dict[int, Any] = {}
+        self._install_signal_handlers()
+        self._thread = threading.Thread(target=self._run, name="mycroft-runtime", daemon=True)
+        self._thread.start()
+        atexit.register(self._atexit)
+
+    # ------------------------------------------------------------------ setup
+    def _resource(self, base: Resource | None) -> Resource:
+        attributes: dict[str, AttrValue] = {
+            schema.RES_JOB_ID: self.job_id,
+            schema.RES_RANK: self.rank,
+            schema.RES_WORLD_SIZE: self.world_size,
+            schema.RES_LOCAL_RANK: int(os.environ.get("LOCAL_RANK", self.rank)),
+            schema.RES_HOST_NAME: socket.gethostname(),
+            schema.RES_PROCESS_PID: os.getpid(),
+            schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
+        }
+        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
+                "OTEL_RESOURCE_ATTRIBUTES", ""):
+            attributes[schema.RES_SERVICE_NAME] = self.job_id
+        detected = base if base is not None else Resource.create({})
+        return detected.merge(Resource(attributes))
+
+    def _install_signal_handlers(self) -> None:
+        """Catchable termination signals get a final heartbeat before the process dies."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.config.catch_signals:
+            signum = getattr(signal, name, None)
+            if not isinstance(signum, int):
+                continue
+            try:
+                if signal.getsignal(signum) is not signal.SIG_DFL:
+                    continue  # the application handles it; do not interfere
+                self._saved_handlers[signum] = signal.signal(signum, self._on_signal)
+            except (ValueError, OSError):
+                continue
+        if not self._saved_handlers:
+            return
+        # The Python-level handler only runs once the main thread is back in the
+        # interpreter; a rank blocked inside a C++ collective is woken through this fd.
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        try:
+            previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(read_fd)
+            os.close(write_fd)
+            return
+        if previous != -1:  # someone (asyncio) owns it: give it back
+            signal.set_wakeup_fd(previous)
+            os.close(read_fd)
+            os.close(write_fd)
+            return
+        self._wakeup_r = read_fd
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.final(exit_reason=signal.Signals(signum).name)
+        previous = self._saved_handlers.get(signum, signal.SIG_DFL)
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    # ------------------------------------------------------------------ loop
+    def _run(self) -> None:
+        tick = min(0.05, self.config.heartbeat_interval_s / 4)
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except Exception as exc:  # never die: count and keep going
+                self.recorder._note_error("runtime", exc)
+            if self._wakeup_r is not None:
+                self._wait_signal(tick)
+            else:
+                self._stop.wait(tick)
+
+    def _wait_signal(self, timeout: float) -> None:
+        assert self._wakeup_r is not None
+        ready, _, _ = select.select([self._wakeup_r], [], [], timeout)
+        if not ready:
+            return
+        data = os.read(self._wakeup_r, 64)
+        caught = [signum for signum in data if signum in self._saved_handlers]
+        if not caught:
+            return
+        # Give the main thread's handler a moment; if it is stuck in C++, report from here.
+        time.sleep(0.5)
+        if not self._final_done:
+            name = signal.Signals(caught[0]).name
+            self.final(exit_reason=name)
+            os._exit(128 + caught[0])
+
+    def _step(self) -> None:
+        self.recorder.poll_pending()
+        self._drain_ops()
+        self._drain_native()
+        now = time.time_ns()
+        if now - self._last_hb_ns >= self.config.heartbeat_interval_s * 1e9:
+            self.shipper.submit([self._heartbeat(now)], urgent=True)
+
+    def _drain_ops(self) -> None:
+        queue = self.recorder.queue
+        if not queue:
+            return
+        spans: list[SpanRecord] = []
+        for _ in range(len(queue)):
+            spans.append(op_span(queue.popleft(), self.job_id, self.rank))
+        self.shipper.submit(spans)
+
+    def _drain_native(self) -> None:
+        if not self.config.native:
+            return
+        if self._native is None:
+            if time.monotonic() < self._native_next_try:
+                return
+            self._native_next_try = time.monotonic() + 5.0
+            try:
+                from mycroft.instrumentation.native_reader import NativeReader
+
+                self._native = NativeReader.open_for_pid(os.getpid(), self.job_id, self.rank)
+            except Exception:
+                self._native = None
+            if self._native is None:
+                return
+        spans = self._native.drain()
+        if spans:
+            self.shipper.submit(spans)
+
+    # ------------------------------------------------------------------ heartbeats
+    def _heartbeat(self, now: int, final_reason: str = "") -> SpanRecord:
+        recorder = self.recorder
+        inflight = recorder.snapshot_inflight()
+        idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
+        attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
+        attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
+        if not inflight and idle_s >= self.config.stack_after_s:
+            stack = main_thread_stack(self.config.stack_depth)
+            if stack:
+                attributes[schema.ATTR_HB_STACK] = stack
+        if self._native is not None:
+            try:
+                attributes.update(self._native.heartbeat_attributes())
+            except Exception as exc:
+                recorder._note_error("native heartbeat", exc)
+        if final_reason:
+            attributes[schema.ATTR_HB_FINAL] = True
+            attributes[schema.ATTR_HB_EXIT_REASON] = final_reason
+        self._hb_counter += 1
+        span = heartbeat_span(self.rank, self._hb_counter, self.config.heartbeat_interval_s,
+                              self._last_hb_ns, now, attributes, self._rng)
+        self._last_hb_ns = now
+        return span
+
+    # ------------------------------------------------------------------ shutdown
+    def final(self, exit_reason: str, timeout_s: float = 2.0) -> None:
+        """Last words: pending spans, in-flight ops as in_flight spans, a final heartbeat."""
+        if not self._final_sent.acquire(blocking=False):
+            return
+        try:
+            if self._final_done:
+                return
+            self._final_done = True
+            self._stop.set()
+            self._drain_ops()
+            now = time.time_ns()
+            leftovers = [op_span(record, self.job_id, self.rank, end_ns=now)
+                         for record in self.recorder.snapshot_inflight()]
+            self.shipper.submit([*leftovers, self._heartbeat(now, final_reason=exit_reason)], urgent=True)
+            self.shipper.flush(timeout_s)
+        finally:
+            self._final_sent.release()
+
+    def _atexit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.final(exit_reason="exit")
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+        self.shipper.shutdown()
+        if self._native is not None:
+            with contextlib.suppress(Exception):
+                self._native.close()
+        for signum, previous in self._saved_handlers.items():
+            with contextlib.suppress(Exception):
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous)
+        if self._wakeup_r is not None:
+            with contextlib.suppress(Exception):
+                signal.set_wakeup_fd(-1)
+            self._wakeup_r = None
+        with contextlib.suppress(Exception):
+            atexit.unregister(self._atexit)

@@ -1,0 +1,75 @@
+"""Counters of everything the processor sees, emits and drops.
+
+A processor that sheds load silently is worse than none: every span that does not
+come out the other side is counted under a reason, and the counters are exported
+as Prometheus text by the service and logged by the rotel adapter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Final
+
+# name -> help; the order is the order of the Prometheus output
+COUNTERS: Final[dict[str, str]] = {
+    "spans_in": "spans received",
+    "spans_out": "spans emitted downstream (pass-through, summaries, kept detail)",
+    "heartbeats": "heartbeat spans passed through immediately",
+    "collective_spans": "collective / p2p rank spans joined",
+    "summaries": "collective summary spans emitted",
+    "summaries_incomplete": "collective summaries emitted with members missing",
+    "flow_summaries": "flow summary spans emitted",
+    "detail_in": "native detail spans (flow / step / kernel channel) received",
+    "detail_condensed": "native detail spans condensed into flow summaries",
+    "detail_kept": "native detail spans kept raw because their collective looked anomalous",
+    "dropped_detail_cap": "native detail spans dropped raw because a buffer cap was reached",
+    "dropped_flow_cap": "native detail spans dropped because the per-collective flow cap was reached",
+    "windows_evicted": "collectives closed early to stay under max_open",
+    "late_spans": "rank spans that arrived after their collective's window closed",
+    "duplicate_spans": "rank spans repeated for a rank already joined",
+    "malformed_spans": "spans with unusable Mycroft attributes (passed through, not joined)",
+    "dropped_export_queue": "spans dropped because an exporter queue was full",
+    "dropped_export_error": "spans dropped because an export failed after retries",
+}
+
+
+class Counters:
+    """Thread-safe monotonic counters with a fixed set of names."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        if name not in self._values:
+            raise KeyError(f"unknown counter {name!r}")
+        if amount:
+            with self._lock:
+                self._values[name] += amount
+
+    def get(self, name: str) -> int:
+        return self._values[name]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+    @property
+    def dropped(self) -> int:
+        """All spans that did not make it downstream, whatever the reason."""
+        snap = self.snapshot()
+        return sum(value for name, value in snap.items() if name.startswith("dropped_"))
+
+
+def prometheus_text(values: Mapping[str, int], gauges: Mapping[str, float] | None = None,
+                    prefix: str = "mycroft_processor_") -> str:
+    """Prometheus exposition text for a counters snapshot plus optional gauges."""
+    lines: list[str] = []
+    for name, value in values.items():
+        metric = f"{prefix}{name}_total"
+        lines += [f"# HELP {metric} {COUNTERS.get(name, name)}", f"# TYPE {metric} counter", f"{metric} {value}"]
+    for name, gauge in (gauges or {}).items():
+        metric = f"{prefix}{name}"
+        lines += [f"# TYPE {metric} gauge", f"{metric} {gauge:g}"]
+    return "\n".join(lines) + "\n"

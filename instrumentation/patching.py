@@ -32,13 +32,21 @@ class Patcher:
 
     def __init__(self) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
+        self._wrapped: dict[int, Any] = {}  # id(original) -> its one wrapper
 
     def replace(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        """Wrap owner.name; a function exported by two modules gets the same wrapper in both
+
+        (torch compares identities, e.g. P2POp checks `op in [isend, irecv]`).
+        """
         original = getattr(owner, name, None)
         if original is None or getattr(original, _MARK, False):
             return
-        wrapped = make(original)
-        setattr(wrapped, _MARK, True)
+        wrapped = self._wrapped.get(id(original))
+        if wrapped is None:
+            wrapped = make(original)
+            setattr(wrapped, _MARK, True)
+            self._wrapped[id(original)] = wrapped
         self._saved.append((owner, name, original))
         setattr(owner, name, wrapped)
 
@@ -46,6 +54,7 @@ class Patcher:
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()
+        self._wrapped.clear()
 
 
 def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,10 +109,14 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
         finally:
             recorder.leave()
         work_list = list(works) if isinstance(works, list) else []
+        counted: set[str] = set()
         for index, record in enumerate(records):
             if record is not None:
                 work = work_list[index] if index < len(work_list) else (work_list[0] if work_list else None)
-                recorder.issued(record, [work] if work is not None else None)
+                # the first record of each group measured the counter before the whole batch
+                first_of_group = record.group.gid not in counted
+                counted.add(record.group.gid)
+                recorder.issued(record, [work] if work is not None else None, count_p2p=first_of_group)
         return works
 
     return wrapper
@@ -153,37 +166,63 @@ def _wait_tensor_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Ca
 
 
 # ------------------------------------------------------------------ DDP
+DDP_API = "torch.nn.parallel.DistributedDataParallel"
+
+
 class _DdpHookState:
     """State of our DDP comm hook; a small object so the C++ reducer holds no DDP cycle."""
 
-    __slots__ = ("process_group", "user_hook")
+    __slots__ = ("process_group", "recorder", "user_hook")
 
-    def __init__(self, process_group: Any) -> None:
+    def __init__(self, process_group: Any, recorder: Recorder) -> None:
         self.process_group = process_group
+        self.recorder = recorder
         self.user_hook: tuple[Callable[..., Any], Any] | None = None
+
+
+_ALL_REDUCE = next(spec for spec in C10D_SPECS if spec.api == "all_reduce")
 
 
 def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     """DDP comm hook: the user's hook if one was registered, else DDP's default all-reduce.
 
-    Either way the bucket's collective goes through the wrapped torch.distributed API.
+    A user's hook issues its collectives through the wrapped API; the default path is
+    recorded here so the span names DDP as its issuer.
     """
     if state.user_hook is not None:
         hook, user_state = state.user_hook
         return hook(user_state, bucket)
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    import torch.distributed as dist
 
-    return default_hooks.allreduce_hook(state.process_group, bucket)
+    recorder = state.recorder
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    buffer.div_(group.size())
+    record = recorder.begin(_ALL_REDUCE, (buffer,), {}, group=group)
+    if record is not None:
+        record.api = DDP_API
+    recorder.enter()
+    try:
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+    except BaseException as exc:
+        if record is not None:
+            recorder.failed(record, exc)
+        raise
+    finally:
+        recorder.leave()
+    if record is not None:
+        recorder.issued(record, work)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def _ddp_init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
             import torch.distributed as dist
 
-            state = _DdpHookState(self.process_group)
+            state = _DdpHookState(self.process_group, recorder)
             dist._register_comm_hook(self.reducer, state, _mycroft_ddp_hook)
             self._mycroft_hook_state = state
         except Exception as exc:
@@ -280,6 +319,6 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool,
     if ddp_hook:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        patcher.replace(DDP, "__init__", _ddp_init_wrapper)
+        patcher.replace(DDP, "__init__", functools.partial(_ddp_init_wrapper, recorder))
         patcher.replace(DDP, "register_comm_hook", _ddp_register_hook_wrapper)
         patcher.replace(DDP, "_register_builtin_comm_hook", _ddp_builtin_hook_wrapper)

@@ -180,11 +180,14 @@ class Recorder:
             self._note_error(spec.api, exc)
             return None
 
-    def issued(self, record: OpRecord, result: Any) -> None:
-        """The call returned: a sync op is complete; an async one completes later."""
+    def issued(self, record: OpRecord, result: Any, count_p2p: bool = True) -> None:
+        """The call returned: a sync op is complete; an async one completes later.
+
+        count_p2p=False for the later ops of a batch whose first op measured the batch.
+        """
         try:
             info = record.group
-            if record.op in schema.P2P_OPS:
+            if record.op in schema.P2P_OPS and count_p2p:
                 info.p2p_counter_delta += info.counter() - record.key
                 if record.peer < 0 and isinstance(result, int):  # recv from any source
                     record.peer = record.src = result

@@ -34,7 +34,9 @@ from mycroft.otlp import AttrValue, SpanRecord
 log = logging.getLogger("mycroft.instrumentation")
 
 JOB_ID_STORE_KEY = "mycroft/job_id"
-_OUR_FILES = (os.sep + "instrumentation" + os.sep, os.sep + "mycroft" + os.sep, "threading.py")
+# Frames of Mycroft's own code are dropped from reported stacks.
+_OUR_DIRS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+             os.path.dirname(os.path.abspath(schema.__file__)) + os.sep)
 
 
 def negotiate_job_id(configured: str | None) -> str:
@@ -61,7 +63,7 @@ def main_thread_stack(depth: int) -> str:
     if frame is None:
         return ""
     frames = [entry for entry in traceback.extract_stack(frame)
-              if not any(part in entry.filename for part in _OUR_FILES)]
+              if not entry.filename.startswith(_OUR_DIRS)]
     return "\n".join(f"{entry.filename}:{entry.lineno} in {entry.name}" for entry in frames[-depth:])
 
 
@@ -226,7 +228,7 @@ class Runtime:
         idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
-        if not inflight and idle_s >= self.config.stack_after_s:
+        if final_reason or (not inflight and idle_s >= self.config.stack_after_s):
             stack = main_thread_stack(self.config.stack_depth)
             if stack:
                 attributes[schema.ATTR_HB_STACK] = stack

@@ -81,6 +81,18 @@ def span_kind(record: SpanRecord) -> str:
     return _KIND_BY_NAME.get(record.name, "")
 
 
+def split_urgent(records: Iterable[SpanRecord]) -> tuple[list[SpanRecord], list[SpanRecord]]:
+    """(heartbeats, the rest): lets a server forward heartbeats before taking any lock."""
+    urgent: list[SpanRecord] = []
+    rest: list[SpanRecord] = []
+    for record in records:
+        if record.scope != schema.PROCESSOR_SCOPE and span_kind(record) == schema.KIND_HEARTBEAT:
+            urgent.append(record)
+        else:
+            rest.append(record)
+    return urgent, rest
+
+
 class CollectorProcessor:
     """Joins collectives across ranks and condenses native detail, within fixed memory."""
 
@@ -122,6 +134,14 @@ class CollectorProcessor:
         out.extend(self.tick(now, count=False))
         self.counters.add("spans_out", len(out))
         return out
+
+    def pass_urgent(self, heartbeats: list[SpanRecord]) -> list[SpanRecord]:
+        """Account for heartbeats a server forwarded itself (see split_urgent); touches no
+        window state, so it is safe without the lock that serialises process()."""
+        self.counters.add("spans_in", len(heartbeats))
+        self.counters.add("heartbeats", len(heartbeats))
+        self.counters.add("spans_out", len(heartbeats))
+        return heartbeats
 
     def tick(self, now: float, count: bool = True) -> Output:
         """Close every window whose deadline passed."""

@@ -1,0 +1,94 @@
+"""`mycroft processor serve`: run the standalone OTLP processor service until signalled.
+
+Prints one JSON line {"event": "ready", ...} with the bound ports once it serves (port 0
+picks a free one), so scripts and tests know where it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+from .config import PROCESSOR_OTLP_GRPC, PROCESSOR_OTLP_HTTP, ProcessorConfig
+
+
+def add_processor_options(parser: argparse.ArgumentParser) -> None:
+    """Options of the processor core, shared by `processor serve` and `collector run`."""
+    defaults = ProcessorConfig()
+    group = parser.add_argument_group("processor")
+    group.add_argument("--window", type=float, default=defaults.window_s, metavar="S",
+                       help="seconds a collective waits for all members (default %(default)s)")
+    group.add_argument("--linger", type=float, default=defaults.linger_s, metavar="S",
+                       help="seconds a complete collective waits for trailing native detail (default %(default)s)")
+    group.add_argument("--max-open", type=int, default=defaults.max_open, metavar="N",
+                       help="open collectives held at once (default %(default)s)")
+    group.add_argument("--max-detail", type=int, default=defaults.max_detail_total, metavar="N",
+                       help="raw native detail spans buffered at once (default %(default)s)")
+    group.add_argument("--skew-threshold", type=float, default=defaults.skew_threshold_s, metavar="S",
+                       help="arrival skew that keeps a collective's raw detail (default %(default)s)")
+    group.add_argument("--slow-factor", type=float, default=defaults.slow_factor, metavar="X",
+                       help="slower than X times its baseline keeps raw detail (default %(default)s)")
+
+
+def config_from_args(args: argparse.Namespace) -> ProcessorConfig:
+    return ProcessorConfig(window_s=args.window, linger_s=args.linger, max_open=args.max_open,
+                           max_detail_total=args.max_detail, skew_threshold_s=args.skew_threshold,
+                           slow_factor=args.slow_factor)
+
+
+def wait_for_signal() -> None:
+    """Block until SIGINT / SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+
+
+def _serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mycroft processor serve",
+                                     description="Standalone Mycroft processor: OTLP in, OTLP gRPC out.")
+    parser.add_argument("--otlp-grpc", default=PROCESSOR_OTLP_GRPC, metavar="HOST:PORT",
+                        help="OTLP gRPC listen address (default %(default)s; '' to disable)")
+    parser.add_argument("--otlp-http", default=PROCESSOR_OTLP_HTTP, metavar="HOST:PORT",
+                        help="OTLP HTTP listen address (default %(default)s; '' to disable)")
+    parser.add_argument("--export", action="append", required=True, metavar="ENDPOINT",
+                        help="OTLP gRPC endpoint to send to (http://host:port); repeat to fan out")
+    parser.add_argument("--metrics", default="", metavar="HOST:PORT",
+                        help="serve Prometheus counters on http://HOST:PORT/metrics")
+    parser.add_argument("--log-level", default="INFO")
+    add_processor_options(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .service import ProcessorService  # grpc import only when serving
+
+    try:
+        service = ProcessorService(args.otlp_grpc or None, args.otlp_http or None, args.export,
+                                   config_from_args(args), metrics=args.metrics or None)
+    except (OSError, ValueError) as exc:
+        print(f"mycroft processor serve: {exc}", file=sys.stderr)
+        return 2
+    service.start()
+    print(json.dumps({"event": "ready", "otlp_grpc": service.grpc_port, "otlp_http": service.http_port,
+                      "metrics": service.metrics_port, "export": args.export}), flush=True)
+    try:
+        wait_for_signal()
+    finally:
+        service.stop()
+        print(json.dumps({"event": "stopped", "counters": service.counters.snapshot()}), flush=True)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: mycroft processor serve --otlp-grpc HOST:PORT --otlp-http HOST:PORT "
+              "--export ENDPOINT [--export ENDPOINT]...")
+        return 0 if argv else 2
+    if argv[0] == "serve":
+        return _serve(argv[1:])
+    print(f"mycroft processor: unknown subcommand {argv[0]!r} (expected: serve)", file=sys.stderr)
+    return 2

@@ -1,0 +1,69 @@
+"""`mycroft collector run`: the embedded collector (rotel + the Mycroft processor) in one command.
+
+Prints one JSON line {"event": "ready", ...} once rotel accepts OTLP, then runs until
+SIGINT / SIGTERM (or until rotel dies, which exits non-zero).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+
+from .cli import add_processor_options, config_from_args
+from .collector import CollectorError, EmbeddedCollector
+from .config import COLLECTOR_OTLP_GRPC, COLLECTOR_OTLP_HTTP
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mycroft collector run",
+                                     description="rotel with the Mycroft processor: ranks -> this -> backends.")
+    parser.add_argument("--otlp-grpc", default=COLLECTOR_OTLP_GRPC, metavar="HOST:PORT",
+                        help="OTLP gRPC listen address (default %(default)s)")
+    parser.add_argument("--otlp-http", default=COLLECTOR_OTLP_HTTP, metavar="HOST:PORT",
+                        help="OTLP HTTP listen address (default %(default)s)")
+    parser.add_argument("--export", action="append", required=True, metavar="ENDPOINT",
+                        help="OTLP gRPC endpoint (http://host:port): the RCA service, Jaeger, Tempo...; repeat")
+    parser.add_argument("--workdir", default=None, help="rotel's pid / log / stats files (default: a temp dir)")
+    add_processor_options(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        collector = EmbeddedCollector(args.export, args.otlp_grpc, args.otlp_http, config_from_args(args),
+                                      workdir=args.workdir)
+        collector.start()
+    except (CollectorError, ValueError, OSError) as exc:
+        print(f"mycroft collector run: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"event": "ready", "otlp_grpc": args.otlp_grpc, "otlp_http": args.otlp_http,
+                      "export": args.export, "workdir": str(collector.workdir),
+                      "pid": collector.proc.pid if collector.proc else None}), flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    code = 0
+    try:
+        while not stop.wait(0.5):
+            if not collector.running():
+                print(f"mycroft collector run: rotel exited unexpectedly:\n{collector.output_tail()}",
+                      file=sys.stderr)
+                code = 1
+                break
+    finally:
+        collector.stop()
+        print(json.dumps({"event": "stopped", **collector.stats()}), flush=True)
+    return code
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: mycroft collector run --otlp-grpc HOST:PORT --otlp-http HOST:PORT "
+              "--export ENDPOINT [--export ENDPOINT]...")
+        return 0 if argv else 2
+    if argv[0] == "run":
+        return _run(argv[1:])
+    print(f"mycroft collector: unknown subcommand {argv[0]!r} (expected: run)", file=sys.stderr)
+    return 2

@@ -1,0 +1,211 @@
+"""The embedded collector: rotel with the Mycroft processor loaded, as a managed subprocess.
+
+`mycroft collector run` and the demo both use EmbeddedCollector: it finds the rotel
+agent binary shipped in the `rotel` wheel (the optional `collector` extra), starts it
+in the foreground with our processor file, one OTLP gRPC exporter per `--export`
+endpoint (rotel fans out), and the environment the processor needs inside rotel's
+embedded interpreter. `start()` returns once rotel accepts OTLP; `stop()` ends it.
+
+rotel alpha takes one trace exporter: with several endpoints, rotel exports to an
+ExportTee in this process, which copies every request to each endpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import site
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from mycroft.otlp_server import split_host_port
+
+from .config import COLLECTOR_OTLP_GRPC, COLLECTOR_OTLP_HTTP, ProcessorConfig
+from .export import grpc_target
+from .tee import ExportTee
+
+ROTEL_VERSION = "0.0.1a15"  # the pinned wheel (pyproject extra `collector`)
+PROCESSOR_FILE = Path(__file__).with_name("rotel_processor.py")
+
+
+class CollectorError(RuntimeError):
+    """rotel is missing or did not come up; the message says what to do."""
+
+
+def rotel_binary() -> Path:
+    """The rotel agent inside the installed `rotel` wheel."""
+    try:
+        import rotel  # noqa: F401  (only to locate the package)
+    except ImportError as exc:
+        raise CollectorError("rotel is not installed: pip install 'mycroft-tracing[collector]' "
+                             f"(pins rotel=={ROTEL_VERSION})") from exc
+    from rotel import __file__ as rotel_init
+
+    binary = Path(rotel_init).with_name("rotel-agent")
+    if not binary.exists():
+        raise CollectorError(f"rotel is installed but its agent binary is missing: {binary}")
+    return binary
+
+
+def _wait_port(host: str, port: int, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CollectorError(f"rotel exited with code {proc.returncode} while starting")
+        try:
+            with socket.create_connection((host if host not in ("0.0.0.0", "::", "") else "127.0.0.1", port),
+                                          timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise CollectorError(f"rotel did not listen on {host}:{port} in time")
+
+
+class EmbeddedCollector:
+    """rotel + the Mycroft processor, listening on OTLP gRPC/HTTP, exporting to `exports`."""
+
+    def __init__(self, exports: Sequence[str], otlp_grpc: str = COLLECTOR_OTLP_GRPC,
+                 otlp_http: str = COLLECTOR_OTLP_HTTP, config: ProcessorConfig | None = None,
+                 workdir: str | os.PathLike[str] | None = None, batch_timeout: str = "100ms",
+                 log_to: IO[bytes] | None = None) -> None:
+        if not exports:
+            raise ValueError("at least one --export endpoint is required")
+        for endpoint in exports:
+            grpc_target(endpoint)  # validates
+        self.exports = list(exports)
+        self.otlp_grpc = otlp_grpc
+        self.otlp_http = otlp_http
+        self.config = config or ProcessorConfig()
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="mycroft-collector-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.batch_timeout = batch_timeout
+        self.stats_file = self.workdir / "processor-stats.json"
+        self.log_file = self.workdir / "rotel.log"
+        self._log_to = log_to
+        self._log_handle: IO[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.tee: ExportTee | None = None
+
+    @property
+    def rotel_export(self) -> str:
+        """The one endpoint rotel itself exports to: the only --export, or the local tee."""
+        if len(self.exports) == 1:
+            endpoint = self.exports[0]
+            return endpoint if "://" in endpoint else f"http://{endpoint}"
+        if self.tee is None:
+            raise CollectorError("the export tee is not started")
+        return self.tee.endpoint
+
+    # ------------------------------------------------------------------ command
+    def command(self) -> list[str]:
+        return [
+            str(rotel_binary()), "start",
+            "--otlp-grpc-endpoint", self.otlp_grpc,
+            "--otlp-http-endpoint", self.otlp_http,
+            "--otlp-with-trace-processor", str(PROCESSOR_FILE),
+            "--otlp-receiver-metrics-disabled", "--otlp-receiver-logs-disabled",
+            "--exporter", "otlp",
+            "--otlp-exporter-endpoint", self.rotel_export,
+            "--otlp-exporter-protocol", "grpc",
+            "--otlp-exporter-compression", "none",  # a local hop: CPU matters more than bytes
+            "--traces-batch-timeout", self.batch_timeout,
+            "--pid-file", str(self.workdir / "rotel.pid"),
+            "--log-file", str(self.log_file),
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("ROTEL_")}
+        # rotel's embedded CPython is the system one: give it this interpreter's packages
+        paths = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+        env["MYCROFT_PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
+        host, port = split_host_port(self.otlp_http)
+        env["MYCROFT_LOOPBACK"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        env["MYCROFT_PROCESSOR_CONFIG"] = json.dumps(dataclasses.asdict(self.config))
+        env["MYCROFT_PROCESSOR_STATS"] = str(self.stats_file)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 20.0) -> EmbeddedCollector:
+        if self.proc is not None:
+            raise CollectorError("already started")
+        if len(self.exports) > 1:
+            self.tee = ExportTee(self.exports).start()
+        out: IO[bytes] | int
+        if self._log_to is not None:
+            out = self._log_to
+        else:
+            self._log_handle = open(self.workdir / "rotel.out", "wb")  # noqa: SIM115 (closed in stop)
+            out = self._log_handle
+        self.proc = subprocess.Popen(self.command(), env=self.environment(), stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            for address in (self.otlp_grpc, self.otlp_http):
+                host, port = split_host_port(address)
+                _wait_port(host, port, deadline, self.proc)
+            # rotel binds its receivers before it validates the exporter config: make sure
+            # it is still up a moment later
+            time.sleep(0.3)
+            if self.proc.poll() is not None:
+                raise CollectorError(f"rotel exited with code {self.proc.returncode} while starting")
+        except CollectorError:
+            self.stop()
+            raise CollectorError(f"rotel failed to start; see {self.workdir / 'rotel.out'}:\n"
+                                 f"{self.output_tail()}") from None
+        return self
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (rotel flushes its exporters), SIGKILL after `timeout`; returns the exit code."""
+        proc = self.proc
+        if proc is None:
+            if self.tee is not None:
+                self.tee.stop()
+                self.tee = None
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+        if self.tee is not None:
+            self.tee.stop()
+            self.tee = None
+        return proc.returncode
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stats(self) -> dict[str, object]:
+        """The processor's counters / gauges as last written inside rotel ({} before the first)."""
+        try:
+            return dict(json.loads(self.stats_file.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def output_tail(self, lines: int = 30) -> str:
+        try:
+            text = (self.workdir / "rotel.out").read_text(errors="replace")
+        except OSError:
+            return ""
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> EmbeddedCollector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,227 @@
+"""Alert payloads (pure) and their delivery (the outbox worker).
+
+Webhooks get Alertmanager's webhook format (version "4"), firing and resolved,
+signed with HMAC-SHA256 when a secret is set (header X-Mycroft-Signature:
+sha256=<hex of HMAC(secret, body)>). A real Alertmanager gets /api/v2/alerts pushes.
+Failed deliveries stay in the persistent outbox and are retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from .incidents import RESOLVED, Incident, rfc3339
+from .store import Store
+
+log = logging.getLogger("mycroft.rca.alerts")
+
+SIGNATURE_HEADER = "X-Mycroft-Signature"
+WEBHOOK = "webhook"
+ALERTMANAGER = "alertmanager"
+FIRING_ENDS_AFTER_S = 900.0  # Alertmanager drops a firing alert not re-pushed by then
+
+
+def alert_labels(incident: Incident) -> dict[str, str]:
+    causes = incident.root_causes
+    ranks = [str(c.get("rank")) for c in causes if c.get("rank") is not None]
+    return {
+        "alertname": "Mycroft" + incident.kind.title().replace("_", ""),
+        "mycroft_job": incident.job,
+        "kind": incident.kind,
+        "severity": incident.severity,
+        "incident_id": incident.id,
+        "root_cause_kind": str(causes[0].get("kind")) if causes else "unknown",
+        "root_cause_ranks": ",".join(ranks[:16]) or "none",
+    }
+
+
+def alert_annotations(incident: Incident, external_url: str) -> dict[str, str]:
+    causes = incident.root_causes
+    return {
+        "summary": incident.summary[:1000],
+        "description": "\n".join(str(c.get("evidence", {}).get("text", "")) for c in causes[:8])[:4000],
+        "incident_url": f"{external_url.rstrip('/')}/api/v1/incidents/{incident.id}" if external_url else "",
+    }
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    text = "\x1f".join(f"{k}={labels[k]}" for k in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _ends_at(incident: Incident, now: float) -> str:
+    if incident.status == RESOLVED and incident.resolved_at:
+        return rfc3339(incident.resolved_at)
+    return "0001-01-01T00:00:00Z"
+
+
+def webhook_payload(incident: Incident, external_url: str = "", receiver: str = "mycroft") -> dict[str, Any]:
+    """Alertmanager webhook body (version 4) for one incident."""
+    labels = alert_labels(incident)
+    annotations = alert_annotations(incident, external_url)
+    group_labels = {"mycroft_job": incident.job, "kind": incident.kind}
+    return {
+        "version": "4",
+        "groupKey": f'{{}}:{{kind="{incident.kind}", mycroft_job="{incident.job}"}}',
+        "truncatedAlerts": 0,
+        "status": incident.status,
+        "receiver": receiver,
+        "groupLabels": group_labels,
+        "commonLabels": labels,
+        "commonAnnotations": annotations,
+        "externalURL": external_url,
+        "alerts": [{
+            "status": incident.status,
+            "labels": labels,
+            "annotations": annotations,
+            "startsAt": rfc3339(incident.detected_at),
+            "endsAt": _ends_at(incident, incident.updated_at),
+            "generatorURL": annotations["incident_url"],
+            "fingerprint": fingerprint(labels),
+        }],
+        # Mycroft's own full record (receivers that know it need not call back)
+        "mycroft": {"incident": incident.to_dict()},
+    }
+
+
+def alertmanager_alerts(incident: Incident, external_url: str, now: float) -> list[dict[str, Any]]:
+    """Body of POST /api/v2/alerts: firing alerts carry an endsAt we refresh by re-pushing."""
+    ends = incident.resolved_at if incident.status == RESOLVED and incident.resolved_at else now + FIRING_ENDS_AFTER_S
+    annotations = alert_annotations(incident, external_url)
+    return [{
+        "labels": alert_labels(incident),
+        "annotations": annotations,
+        "startsAt": rfc3339(incident.detected_at),
+        "endsAt": rfc3339(ends),
+        "generatorURL": annotations["incident_url"] or "http://mycroft",
+    }]
+
+
+def sign(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, header: str) -> bool:
+    return hmac.compare_digest(sign(secret, body), header)
+
+
+def backoff_s(attempts: int, base: float = 0.5, cap: float = 60.0) -> float:
+    return min(cap, base * (2 ** attempts))
+
+
+Poster = Callable[[str, bytes, dict[str, str], float], int]
+
+
+def http_post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+class Alerter:
+    """Queues alert deliveries in the store's outbox and drains it on a thread."""
+
+    def __init__(self, store: Store, webhooks: list[str], alertmanager: str | None, secret: str | None = None,
+                 external_url: str = "", max_attempts: int = 12, post: Poster = http_post,
+                 timeout_s: float = 5.0) -> None:
+        self.store = store
+        self.webhooks = list(webhooks)
+        self.alertmanager = alertmanager.rstrip("/") if alertmanager else None
+        self.secret = secret
+        self.external_url = external_url
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self._post = post
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.failed = 0
+        self.given_up = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.webhooks or self.alertmanager)
+
+    def notify(self, incident: Incident, now: float | None = None) -> None:
+        """Queue the incident's current state for every configured receiver."""
+        now = time.time() if now is None else now
+        for url in self.webhooks:
+            self.store.enqueue(f"{WEBHOOK} {url}", webhook_payload(incident, self.external_url), now)
+        if self.alertmanager:
+            self.store.enqueue(f"{ALERTMANAGER} {self.alertmanager}/api/v2/alerts",
+                               {"alerts": alertmanager_alerts(incident, self.external_url, now)}, now)
+        self._wake.set()
+
+    def refresh(self, incidents: list[Incident], now: float) -> None:
+        """Re-push firing incidents to Alertmanager so they do not time out there."""
+        if not self.alertmanager:
+            return
+        for incident in incidents:
+            self.store.enqueue(f"{ALERTMANAGER} {self.alertmanager}/api/v2/alerts",
+                               {"alerts": alertmanager_alerts(incident, self.external_url, now)}, now)
+        self._wake.set()
+
+    def deliver_due(self, now: float | None = None) -> int:
+        """One pass over the outbox; returns how many were delivered."""
+        now = time.time() if now is None else now
+        delivered = 0
+        for item in self.store.due(now):
+            kind, _, url = item.target.partition(" ")
+            if kind == ALERTMANAGER:
+                body = json.dumps(item.payload["alerts"]).encode()
+            else:
+                body = json.dumps(item.payload).encode()
+            headers = {"Content-Type": "application/json", "User-Agent": "mycroft-rca"}
+            if kind == WEBHOOK and self.secret:
+                headers[SIGNATURE_HEADER] = sign(self.secret, body)
+            try:
+                code = self._post(url, body, headers, self.timeout_s)
+                error = "" if 200 <= code < 300 else f"HTTP {code}"
+            except (OSError, ValueError) as exc:
+                error = str(exc) or type(exc).__name__
+            if not error:
+                self.store.done(item.seq)
+                self.sent += 1
+                delivered += 1
+                continue
+            self.failed += 1
+            if item.attempts + 1 >= self.max_attempts or (error.startswith("HTTP 4") and error != "HTTP 429"):
+                log.error("giving up on alert to %s after %d attempts: %s", url, item.attempts + 1, error)
+                self.store.done(item.seq)
+                self.given_up += 1
+            else:
+                self.store.retry_later(item.seq, now + backoff_s(item.attempts), error)
+        return delivered
+
+    def start(self) -> Alerter:
+        self._thread = threading.Thread(target=self._run, name="mycroft-rca-alerts", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.deliver_due()
+            except Exception:  # keep delivering whatever a bad row did
+                log.exception("alert delivery pass failed")
+            self._wake.wait(0.2)
+            self._wake.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)

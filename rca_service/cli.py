@@ -1,0 +1,168 @@
+"""`mycroft rca serve | analyze`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from .config import AnalysisConfig
+
+_DEFAULTS = AnalysisConfig()
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hang-min", type=float, default=_DEFAULTS.hang_min_s,
+                        help="floor of the adaptive hang threshold, seconds (default %(default)s)")
+    parser.add_argument("--resolve-after", type=float, default=_DEFAULTS.resolve_after_s,
+                        help="seconds a condition must stay clear before its incident resolves")
+    parser.add_argument("--job-ttl", type=float, default=_DEFAULTS.job_ttl_s,
+                        help="forget a job silent this long, seconds")
+
+
+def _config(args: argparse.Namespace) -> AnalysisConfig:
+    for name in ("hang_min", "resolve_after", "job_ttl"):
+        value = getattr(args, name)
+        if value is None or value <= 0:
+            raise SystemExit(f"mycroft rca: --{name.replace('_', '-')} must be > 0")
+    return dataclasses.replace(AnalysisConfig(), hang_min_s=args.hang_min, resolve_after_s=args.resolve_after,
+                               job_ttl_s=args.job_ttl)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .service import RcaService, ServiceOptions
+
+    options = ServiceOptions(
+        otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http, http=args.http, db=args.db,
+        webhooks=args.webhook or [], webhook_secret=args.webhook_secret or os.environ.get("MYCROFT_WEBHOOK_SECRET"),
+        alertmanager=args.alertmanager, forward=args.forward, external_url=args.external_url or "",
+        tick_s=args.tick, analysis=_config(args))
+    try:
+        service = RcaService(options).start()
+    except (OSError, ValueError) as exc:
+        print(f"mycroft rca serve: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps({"otlp_grpc": service.receiver.grpc_port, "otlp_http": service.receiver.http_port,
+                      "http": service.api.port, "db": args.db}), flush=True)
+    stop.wait()
+    service.stop()
+    return 0
+
+
+def _load(args: argparse.Namespace) -> list[Any]:
+    from .flight_recorder import load_dumps
+    from .loaders import load_jaeger, load_otlp_file, load_tempo
+
+    records: list[Any] = []
+    for path in args.otlp_json or []:
+        records.extend(load_otlp_file(path))
+    end = args.end if args.end is not None else time.time()
+    start = args.start if args.start is not None else end - args.lookback
+    if args.jaeger:
+        if not args.service:
+            raise SystemExit("mycroft rca analyze: --jaeger needs --service (the job's service.name)")
+        records.extend(load_jaeger(args.jaeger, args.service, start, end, args.limit))
+    if args.tempo:
+        if not args.job:
+            raise SystemExit("mycroft rca analyze: --tempo needs --job (mycroft.job.id)")
+        records.extend(load_tempo(args.tempo, args.job, start, end, args.limit))
+    if args.flight_recorder:
+        at_ns = int(args.at * 1e9) if args.at is not None else None
+        records.extend(load_dumps(args.flight_recorder, job=args.job or "flight-recorder", dumped_at_ns=at_ns,
+                                  allow_pickle=args.allow_pickle))
+    return records
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from .loaders import LoadError
+    from .offline import replay
+
+    try:
+        records = _load(args)
+    except LoadError as exc:
+        print(f"mycroft rca analyze: {exc}", file=sys.stderr)
+        return 1
+    if not records:
+        print("mycroft rca analyze: no spans found in the given sources", file=sys.stderr)
+        return 1
+    result = replay(records, _config(args), tick_s=args.tick, until=args.at)
+    incidents = [inc.to_dict() for inc in result.incidents]
+    if args.format == "json":
+        print(json.dumps({"spans": len(records), "jobs": sorted(result.engine.jobs), "incidents": incidents},
+                         indent=2, default=str))
+    else:
+        print(f"{len(records)} spans, jobs: {', '.join(sorted(result.engine.jobs)) or '-'}")
+        if not incidents:
+            print("no incidents: the recorded jobs look healthy")
+        for inc in incidents:
+            print(f"\n[{inc['status']}] {inc['kind']} in job {inc['job']} detected {inc['detected_at']}")
+            print(f"  {inc['summary']}")
+            for rc in inc["root_causes"]:
+                rank = "link" if rc["rank"] is None else f"rank {rc['rank']}"
+                print(f"  - {rank}: {rc['kind']}: {rc['evidence'].get('text', '')}")
+            for chain in inc["wait_for_graph"].get("chains", [])[:4]:
+                print(f"    chain: {chain}")
+    return 2 if any(inc["status"] == "firing" for inc in incidents) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mycroft rca", description="Mycroft root cause analysis service")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the live service")
+    serve.add_argument("--otlp-grpc", default="0.0.0.0:4317", help="OTLP/gRPC listen HOST:PORT ('' to disable)")
+    serve.add_argument("--otlp-http", default="0.0.0.0:4318", help="OTLP/HTTP listen HOST:PORT ('' to disable)")
+    serve.add_argument("--http", default="0.0.0.0:8080", help="API listen HOST:PORT")
+    serve.add_argument("--db", default="mycroft-rca.db", help="SQLite incident database")
+    serve.add_argument("--webhook", action="append", metavar="URL", help="POST Alertmanager-format alerts here")
+    serve.add_argument("--webhook-secret", help="HMAC-SHA256 secret (or MYCROFT_WEBHOOK_SECRET)")
+    serve.add_argument("--alertmanager", metavar="URL", help="push alerts to this Alertmanager's /api/v2/alerts")
+    serve.add_argument("--forward", metavar="OTLP_ENDPOINT",
+                       help="tee received spans to http(s)://host:port (OTLP/HTTP) or host:port (OTLP/gRPC)")
+    serve.add_argument("--external-url", help="this service's URL, for links in alerts")
+    serve.add_argument("--tick", type=float, default=0.2, help="analysis period, seconds")
+    serve.add_argument("-v", "--verbose", action="store_true")
+    _config_args(serve)
+    analyze = sub.add_parser("analyze", help="post-mortem: run the same analysis on recorded spans / dumps")
+    analyze.add_argument("--otlp-json", action="append", metavar="FILE", help="OTLP JSON file(s)")
+    analyze.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL (api_v3)")
+    analyze.add_argument("--tempo", metavar="URL", help="Tempo base URL (HTTP API)")
+    analyze.add_argument("--service", help="service.name to pull from Jaeger (the job id by default)")
+    analyze.add_argument("--job", help="mycroft.job.id (Tempo query; name for Flight Recorder dumps)")
+    analyze.add_argument("--flight-recorder", nargs="+", metavar="DUMP",
+                         help="Flight Recorder dumps, one per rank (rank = trailing number of the file name)")
+    analyze.add_argument("--allow-pickle", action="store_true", help="read pickled Flight Recorder dumps")
+    analyze.add_argument("--start", type=float, help="window start, unix seconds")
+    analyze.add_argument("--end", type=float, help="window end, unix seconds")
+    analyze.add_argument("--lookback", type=float, default=3600.0, help="window length when --start is absent")
+    analyze.add_argument("--limit", type=int, default=1000, help="max traces to pull")
+    analyze.add_argument("--at", type=float, help="analyse as of this unix time (default: the last span)")
+    analyze.add_argument("--tick", type=float, default=0.25, help="replay step, seconds of span time")
+    analyze.add_argument("--format", choices=("text", "json"), default="text")
+    _config_args(analyze)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "serve":
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return _serve(args)
+    if args.jaeger and not args.service and args.job:
+        args.service = args.job
+    return _analyze(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The analysis engine: job states + incident tracker, stepped by the caller's clock.
+
+No threads, sockets or files: the live service drives it with wall-clock time and the
+offline analyzer drives it with span time, so both reach the same verdicts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mycroft.otlp import SpanRecord
+
+from .config import AnalysisConfig
+from .incidents import Event, Incident, IncidentTracker
+from .state import JobState, apply_records, expire_jobs
+from .triggers import statuses
+from .verdict import analyze_job
+
+
+@dataclass(slots=True)
+class PassStats:
+    jobs: int = 0
+    seconds: float = 0.0
+    max_job_seconds: float = 0.0
+    slowest_job: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, cfg: AnalysisConfig | None = None, firing: list[Incident] | None = None) -> None:
+        self.cfg = cfg or AnalysisConfig()
+        self.jobs: dict[str, JobState] = {}
+        self.tracker = IncidentTracker(self.cfg.resolve_after_s, firing)
+        self.last_pass = PassStats()
+
+    def ingest(self, records: Iterable[SpanRecord], received_at: float, *, use_span_time: bool = False) -> int:
+        return apply_records(self.jobs, records, received_at, self.cfg, use_span_time=use_span_time)
+
+    def step(self, now: float) -> list[Event]:
+        """One analysis pass over every job."""
+        events: list[Event] = []
+        started = time.perf_counter()
+        stats = PassStats()
+        for job_id in expire_jobs(self.jobs, now, self.cfg):
+            events.extend(self.tracker.resolve_job(job_id, now, "job expired"))
+        for job_id, job in list(self.jobs.items()):
+            t0 = time.perf_counter()
+            findings = analyze_job(job, now, self.cfg)
+            events.extend(self.tracker.observe(job_id, findings, now))
+            took = time.perf_counter() - t0
+            if took > stats.max_job_seconds:
+                stats.max_job_seconds, stats.slowest_job = took, job_id
+        stats.jobs = len(self.jobs)
+        stats.seconds = time.perf_counter() - started
+        self.last_pass = stats
+        return events
+
+    def jobs_summary(self, now: float) -> list[dict[str, Any]]:
+        """Live view for GET /api/v1/jobs: ranks, groups and progress per job."""
+        out = []
+        for job in self.jobs.values():
+            status = statuses(job, now, self.cfg)
+            counts: dict[str, int] = {}
+            for s in status.values():
+                counts[s] = counts.get(s, 0) + 1
+            groups = []
+            for group in list(job.groups.values())[:256]:
+                issued = [job.ranks[r].issued.get(group.group_id, 0) for r in group.ranks if r in job.ranks]
+                completed = [job.ranks[r].completed.get(group.group_id, 0) for r in group.ranks if r in job.ranks]
+                groups.append({
+                    "id": group.group_id, "name": group.name, "size": group.size,
+                    "issued_min": min(issued, default=0), "issued_max": max(issued, default=0),
+                    "completed_min": min(completed, default=0), "completed_max": max(completed, default=0),
+                })
+            ranks = []
+            for rank in list(job.ranks.values())[:1024]:
+                ranks.append({
+                    "rank": rank.rank, "status": status.get(rank.rank), "host": rank.host, "pid": rank.pid,
+                    "heartbeat": rank.hb_counter, "silent_s": round(max(0.0, now - rank.last_hb_at), 3),
+                    "idle_s": round(rank.idle_at(now), 3), "exit_reason": rank.exit_reason or None,
+                    "in_flight": [{"group_id": op.group_id, "seq": op.seq, "op": op.op, "peer": op.peer,
+                                   "age_s": round(op.age_at(now), 3)} for op in rank.inflight],
+                })
+            out.append({
+                "job": job.job_id, "world_size": job.world_size, "ranks_seen": len(job.ranks),
+                "status_counts": counts, "spans": job.spans, "heartbeats": job.heartbeats,
+                "completions": job.completions,
+                "seconds_since_progress": round(max(0.0, now - job.last_progress_at), 3),
+                "groups": groups, "ranks": ranks,
+            })
+        return out

@@ -1,0 +1,164 @@
+"""The live RCA service: wires receiver -> ingest queue -> engine -> store / alerts / API.
+
+All analysis happens in the engine (pure); this module only owns threads, clocks,
+sockets and the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mycroft.otlp import SpanRecord
+from mycroft.otlp_server import OtlpReceiver
+
+from .alerts import Alerter
+from .api import ApiServer
+from .config import AnalysisConfig
+from .engine import Engine
+from .incidents import FIRING
+from .ingest import Forwarder, IngestQueue
+from .metrics import Metrics
+from .store import Store
+
+log = logging.getLogger("mycroft.rca")
+
+
+@dataclass
+class ServiceOptions:
+    otlp_grpc: str | None = "0.0.0.0:4317"
+    otlp_http: str | None = "0.0.0.0:4318"
+    http: str = "0.0.0.0:8080"
+    db: str = "mycroft-rca.db"
+    webhooks: list[str] = field(default_factory=list)
+    webhook_secret: str | None = None
+    alertmanager: str | None = None
+    forward: str | None = None
+    external_url: str = ""
+    tick_s: float = 0.2
+    max_queued_spans: int = 500_000
+    alertmanager_refresh_s: float = 60.0
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+
+class RcaService:
+    def __init__(self, options: ServiceOptions) -> None:
+        self.options = options
+        self.metrics = Metrics()
+        self._describe_metrics()
+        self.store = Store(options.db)
+        self.engine = Engine(options.analysis, firing=self.store.firing())
+        self._lock = threading.Lock()
+        self.forwarder = Forwarder(options.forward, self.metrics) if options.forward else None
+        self.ingest = IngestQueue(self._apply, self.metrics, options.max_queued_spans, tee=self.forwarder)
+        self.receiver = OtlpReceiver(self.ingest.sink, options.otlp_grpc, options.otlp_http)
+        self.alerter = Alerter(self.store, options.webhooks, options.alertmanager, options.webhook_secret,
+                               options.external_url)
+        self.api = ApiServer(self, options.http)
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self._run, name="mycroft-rca-analysis", daemon=True)
+        self.started_at = time.time()
+        self._last_refresh = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> RcaService:
+        if self.forwarder is not None:
+            self.forwarder.start()
+        self.ingest.start()
+        self.receiver.start()
+        self.alerter.start()
+        self.api.start()
+        self._loop.start()
+        log.info("mycroft rca: OTLP gRPC %s, OTLP HTTP %s, API %s, db %s", self.receiver.grpc_port,
+                 self.receiver.http_port, self.api.port, self.options.db)
+        return self
+
+    def stop(self) -> None:
+        self.receiver.stop(grace=0.5)
+        self.ingest.drain(2.0)
+        self.ingest.stop()
+        self._stop.set()
+        self._loop.join(timeout=5.0)
+        self.alerter.deliver_due()
+        self.alerter.stop()
+        if self.forwarder is not None:
+            self.forwarder.flush(2.0)
+            self.forwarder.stop()
+        self.api.stop()
+        self.store.close()
+
+    # ------------------------------------------------------------------ work
+    def _apply(self, records: list[SpanRecord], received_at: float) -> None:
+        with self._lock:
+            used = self.engine.ingest(records, received_at)
+        self.metrics.inc("mycroft_rca_spans_applied_total", used)
+        if used < len(records):
+            self.metrics.inc("mycroft_rca_spans_ignored_total", len(records) - used)
+
+    def analyze_now(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            events = self.engine.step(now)
+            took = self.engine.last_pass.seconds
+            jobs = len(self.engine.jobs)
+        self.metrics.note_analysis(took)
+        self.metrics.set("mycroft_rca_analysis_seconds", took)
+        self.metrics.set("mycroft_rca_jobs", jobs)
+        for event in events:
+            self.store.save(event.incident)
+            self.metrics.inc("mycroft_rca_incident_events_total", action=event.action, kind=event.incident.kind)
+            log.warning("incident %s %s: %s", event.action, event.incident.id, event.incident.summary)
+            if self.alerter.enabled:
+                self.alerter.notify(event.incident, now)
+        if self.alerter.enabled and now - self._last_refresh >= self.options.alertmanager_refresh_s:
+            self._last_refresh = now
+            self.alerter.refresh(list(self.engine.tracker.active.values()), now)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.options.tick_s):
+            try:
+                self.analyze_now()
+            except Exception:
+                log.exception("analysis pass failed")
+                self.metrics.inc("mycroft_rca_analysis_errors_total")
+
+    # ------------------------------------------------------------------ API backend
+    def list_incidents(self, limit: int, job: str | None, status: str | None) -> list[dict[str, Any]]:
+        return self.store.list_incidents(limit, job, status)
+
+    def get_incident(self, incident_id: str) -> dict[str, Any] | None:
+        return self.store.get(incident_id)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.engine.jobs_summary(time.time())
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "uptime_s": round(time.time() - self.started_at, 3),
+                "jobs": len(self.engine.jobs), "queued_spans": self.ingest.queued,
+                "firing": len(self.engine.tracker.active)}
+
+    def metrics_text(self) -> str:
+        counts = self.store.count()
+        self.metrics.set("mycroft_rca_incidents", counts.get(FIRING, 0), status="firing")
+        self.metrics.set("mycroft_rca_incidents", counts.get("resolved", 0), status="resolved")
+        self.metrics.set("mycroft_rca_queued_spans", self.ingest.queued)
+        self.metrics.set("mycroft_rca_alert_outbox", self.store.outbox_size())
+        self.metrics.set("mycroft_rca_alerts_sent", self.alerter.sent)
+        self.metrics.set("mycroft_rca_alerts_failed_attempts", self.alerter.failed)
+        return self.metrics.render(time.time())
+
+    def _describe_metrics(self) -> None:
+        m = self.metrics
+        m.describe("mycroft_rca_spans_received_total", "counter", "Spans accepted by the OTLP receivers")
+        m.describe("mycroft_rca_spans_applied_total", "counter", "Spans folded into job state")
+        m.describe("mycroft_rca_spans_ignored_total", "counter", "Spans without rank/job or of other kinds")
+        m.describe("mycroft_rca_spans_dropped_total", "counter", "Spans refused or lost, by reason")
+        m.describe("mycroft_rca_ingest_spans_per_second", "gauge", "Ingest rate over the last 10 s")
+        m.describe("mycroft_rca_analysis_seconds", "gauge", "Duration of the last analysis pass")
+        m.describe("mycroft_rca_incident_events_total", "counter", "Incident events by action and kind")
+        m.describe("mycroft_rca_incidents", "gauge", "Stored incidents by status")
+        m.describe("mycroft_rca_jobs", "gauge", "Jobs with live state")

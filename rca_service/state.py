@@ -1,0 +1,337 @@
+"""Live per-job state folded from span records: the input of the pure analysis.
+
+`apply_records()` is a deterministic fold (records + the time they were received ->
+state); it does no I/O, so the service, the offline analyzer and the tests share it.
+Memory is bounded: a window of sequence numbers per group, capped groups, ranks and jobs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mycroft import schema
+from mycroft.otlp import SpanRecord
+
+from .config import AnalysisConfig
+
+Sig = tuple[str, int, str]  # (op, bytes, dtype) of one rank's op at one seq
+P2PKey = tuple[str, int, int]  # (group id, src, dst)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """An op a rank reported as issued and not completed, as of `observed_at`."""
+
+    group_id: str
+    seq: int
+    op: str
+    age_s: float
+    peer: int  # -1 for collectives
+    bytes: int
+    observed_at: float
+
+    def age_at(self, now: float) -> float:
+        return self.age_s + max(0.0, now - self.observed_at)
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.peer >= 0
+
+
+@dataclass(slots=True)
+class RankState:
+    rank: int
+    host: str = ""
+    pid: int = 0
+    last_seen: float = 0.0  # received time of the last record from this rank
+    last_hb_at: float = 0.0  # received time of the last heartbeat
+    hb_counter: int = -1
+    hb_interval: float = 1.0
+    final: bool = False
+    exit_reason: str = ""
+    idle_s: float = 0.0
+    idle_observed_at: float = 0.0
+    stack: str = ""
+    step: int | None = None
+    dropped: int = 0
+    issued: dict[str, int] = field(default_factory=dict)
+    completed: dict[str, int] = field(default_factory=dict)
+    inflight: list[InFlight] = field(default_factory=list)
+    p2p_issued: dict[P2PKey, int] = field(default_factory=dict)
+    p2p_completed: dict[P2PKey, int] = field(default_factory=dict)
+    errors: deque[tuple[str, int, str, str]] = field(default_factory=lambda: deque(maxlen=8))
+    flows: dict[str, list[Any]] = field(default_factory=dict)
+
+    def idle_at(self, now: float) -> float:
+        if self.inflight:
+            return 0.0
+        return self.idle_s + max(0.0, now - self.idle_observed_at)
+
+
+@dataclass(slots=True)
+class SeqRecord:
+    """What each member did at one sequence number of one group."""
+
+    sigs: dict[int, Sig] = field(default_factory=dict)
+    starts: dict[int, float] = field(default_factory=dict)
+    ends: dict[int, float] = field(default_factory=dict)
+    states: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class GroupState:
+    group_id: str
+    name: str = ""
+    ranks: tuple[int, ...] = ()
+    seqs: dict[int, SeqRecord] = field(default_factory=dict)
+    durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(slots=True)
+class JobState:
+    job_id: str
+    world_size: int = 0
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    last_progress_at: float = 0.0
+    completions: int = 0
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    spans: int = 0
+    heartbeats: int = 0
+    dropped_records: int = 0
+
+    def max_interval(self) -> float:
+        return max((r.hb_interval for r in self.ranks.values()), default=1.0)
+
+
+# --------------------------------------------------------------------------------------
+# the fold
+# --------------------------------------------------------------------------------------
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _float(value: Any, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _group(job: JobState, gid: str, name: str, ranks_text: str | None, cfg: AnalysisConfig,
+           ranks: Iterable[int] | None = None) -> GroupState | None:
+    group = job.groups.get(gid)
+    if group is None:
+        if len(job.groups) >= cfg.max_groups_per_job:
+            return None
+        group = job.groups[gid] = GroupState(group_id=gid, name=name)
+    if not group.ranks:
+        if ranks is not None:
+            group.ranks = tuple(sorted(ranks))
+        elif ranks_text:
+            try:
+                group.ranks = tuple(schema.decode_ranks(ranks_text))
+            except ValueError:
+                group.ranks = ()
+    if name and not group.name:
+        group.name = name
+    return group
+
+
+def _rank_state(job: JobState, record: SpanRecord, rank: int, received_at: float) -> RankState:
+    state = job.ranks.get(rank)
+    pid = _int(record.resource.get(schema.RES_PROCESS_PID), 0)
+    if state is None or (pid and state.pid and pid != state.pid):
+        # new process for this rank (first sight or a restart): frontiers start over
+        state = job.ranks[rank] = RankState(rank=rank)
+    state.pid = pid or state.pid
+    state.host = str(record.resource.get(schema.RES_HOST_NAME, state.host))
+    state.last_seen = max(state.last_seen, received_at)
+    return state
+
+
+def _advance(frontier: dict[str, int], gid: str, seq: int) -> bool:
+    if seq > frontier.get(gid, 0):
+        frontier[gid] = seq
+        return True
+    return False
+
+
+def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
+                     cfg: AnalysisConfig) -> None:
+    a = record.attributes
+    counter = _int(a.get(schema.ATTR_HB_COUNTER), -1)
+    if counter >= 0 and counter < rank.hb_counter and received_at <= rank.last_hb_at:
+        return  # an older heartbeat delivered late: the newer snapshot stands
+    job.heartbeats += 1
+    rank.hb_counter = counter
+    rank.last_hb_at = max(rank.last_hb_at, received_at)
+    rank.hb_interval = _float(a.get(schema.ATTR_HB_INTERVAL_S), rank.hb_interval) or rank.hb_interval
+    rank.final = bool(a.get(schema.ATTR_HB_FINAL, False)) or rank.final
+    if rank.final:
+        rank.exit_reason = str(a.get(schema.ATTR_HB_EXIT_REASON, rank.exit_reason or "exit"))
+    rank.idle_s = _float(a.get(schema.ATTR_HB_IDLE_S))
+    rank.idle_observed_at = received_at
+    rank.stack = str(a.get(schema.ATTR_HB_STACK, ""))[-cfg.max_stack_chars:]
+    step = a.get(schema.ATTR_HB_STEP)
+    rank.step = _int(step) if step is not None else rank.step
+    rank.dropped = _int(a.get(schema.ATTR_HB_DROPPED), rank.dropped)
+
+    ids = [str(x) for x in _list(a.get(schema.ATTR_HB_GROUP_IDS))]
+    names = _list(a.get(schema.ATTR_HB_GROUP_NAMES))
+    members = _list(a.get(schema.ATTR_HB_GROUP_RANKS))
+    issued = _list(a.get(schema.ATTR_HB_GROUP_ISSUED))
+    completed = _list(a.get(schema.ATTR_HB_GROUP_COMPLETED))
+    for i, gid in enumerate(ids):
+        name = str(names[i]) if i < len(names) else ""
+        ranks_text = str(members[i]) if i < len(members) else None
+        if _group(job, gid, name, ranks_text, cfg) is None:
+            continue
+        if i < len(issued):
+            _advance(rank.issued, gid, _int(issued[i]))
+        if i < len(completed) and _advance(rank.completed, gid, _int(completed[i])):
+            job.last_progress_at = received_at
+            job.completions += 1
+
+    gids = _list(a.get(schema.ATTR_HB_INFLIGHT_GROUP_IDS))
+    seqs = _list(a.get(schema.ATTR_HB_INFLIGHT_SEQS))
+    ops = _list(a.get(schema.ATTR_HB_INFLIGHT_OPS))
+    ages = _list(a.get(schema.ATTR_HB_INFLIGHT_AGES_S))
+    peers = _list(a.get(schema.ATTR_HB_INFLIGHT_PEERS))
+    sizes = _list(a.get(schema.ATTR_HB_INFLIGHT_BYTES))
+    inflight: list[InFlight] = []
+    for i, gid in enumerate(gids):
+        op = InFlight(
+            group_id=str(gid),
+            seq=_int(seqs[i]) if i < len(seqs) else 0,
+            op=str(ops[i]) if i < len(ops) else "",
+            age_s=_float(ages[i]) if i < len(ages) else 0.0,
+            peer=_int(peers[i], -1) if i < len(peers) else -1,
+            bytes=_int(sizes[i]) if i < len(sizes) else 0,
+            observed_at=received_at,
+        )
+        inflight.append(op)
+        if op.is_p2p:
+            key = _p2p_key(op.group_id, rank.rank, op.peer, op.op)
+            rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), op.seq)
+        else:
+            _advance(rank.issued, op.group_id, op.seq)
+            group = job.groups.get(op.group_id)
+            if group is not None:
+                _seq_record(group, op.seq, cfg).sigs.setdefault(rank.rank, (op.op, op.bytes, ""))
+    rank.inflight = inflight
+    flows = {key: _list(value) for key, value in a.items() if key.startswith("mycroft.hb.flow.")}
+    rank.flows = flows
+
+
+def _p2p_key(gid: str, rank: int, peer: int, op: str) -> P2PKey:
+    return (gid, rank, peer) if op == schema.OP_SEND else (gid, peer, rank)
+
+
+def _seq_record(group: GroupState, seq: int, cfg: AnalysisConfig) -> SeqRecord:
+    rec = group.seqs.get(seq)
+    if rec is None:
+        rec = group.seqs[seq] = SeqRecord()
+        if len(group.seqs) > cfg.max_seqs_per_group:
+            del group.seqs[min(group.seqs)]  # keep a window of the newest sequence numbers
+    return rec
+
+
+def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
+                   cfg: AnalysisConfig) -> None:
+    a = record.attributes
+    gid = str(a.get(schema.ATTR_GROUP_ID, ""))
+    seq = _int(a.get(schema.ATTR_SEQ))
+    op = str(a.get(schema.ATTR_OP, record.name))
+    state = str(a.get(schema.ATTR_STATE, schema.STATE_COMPLETED))
+    done = state == schema.STATE_COMPLETED
+    if record.kind == schema.KIND_P2P:
+        src = _int(a.get(schema.ATTR_P2P_SRC), -1)
+        dst = _int(a.get(schema.ATTR_P2P_DST), -1)
+        key = (gid, src, dst)
+        rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
+        if done:
+            rank.p2p_completed[key] = max(rank.p2p_completed.get(key, 0), seq)
+            job.last_progress_at = received_at
+        elif state == schema.STATE_ERROR:
+            rank.errors.append((gid, seq, op, str(a.get(schema.ATTR_ERROR, record.status_message))))
+        return
+    group = _group(job, gid, str(a.get(schema.ATTR_GROUP_NAME, "")), str(a.get(schema.ATTR_GROUP_RANKS, "")),
+                   cfg)
+    if group is None or seq <= 0:
+        return
+    _advance(rank.issued, gid, seq)
+    rec = _seq_record(group, seq, cfg)
+    rec.sigs[rank.rank] = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))
+    rec.starts[rank.rank] = record.start_ns / 1e9
+    rec.states[rank.rank] = state
+    if done:
+        rec.ends[rank.rank] = record.end_ns / 1e9
+        group.durations.append(max(0.0, (record.end_ns - record.start_ns) / 1e9))
+        if _advance(rank.completed, gid, seq):
+            job.last_progress_at = received_at
+            job.completions += 1
+    elif state == schema.STATE_ERROR or state == schema.STATE_TIMEOUT:
+        rank.errors.append((gid, seq, op, str(a.get(schema.ATTR_ERROR, record.status_message))))
+
+
+def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], received_at: float,
+                  cfg: AnalysisConfig, *, use_span_time: bool = False) -> int:
+    """Fold records into per-job state; returns how many were used.
+
+    Records without a rank or job (collector summaries, foreign spans) are skipped.
+    With use_span_time (offline replay) each record counts as received at its end time.
+    """
+    used = 0
+    for record in records:
+        kind = record.kind
+        if kind not in (schema.KIND_HEARTBEAT, schema.KIND_COLLECTIVE, schema.KIND_P2P):
+            continue
+        rank_id = record.rank
+        if rank_id is None or rank_id < 0:
+            continue
+        job_id = record.job_id
+        at = record.end_ns / 1e9 if use_span_time else received_at
+        job = jobs.get(job_id)
+        if job is None:
+            if len(jobs) >= cfg.max_jobs:
+                oldest = min(jobs.values(), key=lambda j: j.last_seen)
+                del jobs[oldest.job_id]
+            job = jobs[job_id] = JobState(job_id=job_id, first_seen=at, last_progress_at=at)
+        if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
+            job.dropped_records += 1
+            continue
+        job.last_seen = max(job.last_seen, at)
+        world = _int(record.resource.get(schema.RES_WORLD_SIZE), 0)
+        job.world_size = max(job.world_size, world)
+        rank = _rank_state(job, record, rank_id, at)
+        if kind == schema.KIND_HEARTBEAT:
+            _apply_heartbeat(job, rank, record, at, cfg)
+        else:
+            job.spans += 1
+            _apply_op_span(job, rank, record, at, cfg)
+        used += 1
+    return used
+
+
+def expire_jobs(jobs: dict[str, JobState], now: float, cfg: AnalysisConfig) -> list[str]:
+    """Drop jobs silent for longer than the TTL; returns their ids."""
+    gone = [job_id for job_id, job in jobs.items() if now - job.last_seen > cfg.job_ttl_s]
+    for job_id in gone:
+        del jobs[job_id]
+    return gone

@@ -1,0 +1,245 @@
+"""Anomaly triggers over one job's state: pure functions of (state, now, config).
+
+Each trigger answers one question cheaply, so the costly wait-for graph is only built
+when something is actually stuck.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from mycroft import schema
+
+from .config import AnalysisConfig
+from .state import GroupState, JobState, RankState, Sig
+
+ALIVE = "alive"
+LOST = "lost"  # silent without a goodbye
+EXITED = "exited"  # final heartbeat seen
+UNSEEN = "unseen"  # member of a group that never reported
+
+# ops whose members must pass buffers of equal size
+_EQUAL_BYTES_OPS = {schema.OP_ALL_REDUCE, schema.OP_BROADCAST, schema.OP_REDUCE, schema.OP_ALL_GATHER,
+                    schema.OP_REDUCE_SCATTER}
+
+
+def lost_after(rank: RankState, cfg: AnalysisConfig) -> float:
+    return cfg.lost_intervals * rank.hb_interval + cfg.lost_slack_s
+
+
+def rank_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig) -> str:
+    rank = job.ranks.get(rank_id)
+    if rank is None:
+        return UNSEEN
+    if rank.final:
+        return EXITED
+    if rank.last_hb_at and now - rank.last_hb_at > lost_after(rank, cfg):
+        return LOST
+    if not rank.last_hb_at and now - rank.last_seen > lost_after(rank, cfg) * 2:
+        return LOST  # spans but never a heartbeat: judge by any sign of life, more leniently
+    return ALIVE
+
+
+def statuses(job: JobState, now: float, cfg: AnalysisConfig) -> dict[int, str]:
+    return {rank_id: rank_status(job, rank_id, now, cfg) for rank_id in job.ranks}
+
+
+def hang_threshold(job: JobState, cfg: AnalysisConfig) -> float:
+    """Adaptive: a multiple of how long ops usually take in this job, never below the floor."""
+    samples: list[float] = []
+    for group in job.groups.values():
+        samples.extend(list(group.durations)[-64:])
+        if len(samples) > 4096:
+            break
+    if len(samples) < 8:
+        return cfg.hang_min_s
+    samples.sort()
+    p95 = samples[min(len(samples) - 1, int(0.95 * len(samples)))]
+    return min(cfg.hang_max_s, max(cfg.hang_min_s, cfg.hang_factor * p95))
+
+
+def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: float) -> dict[int, float]:
+    """Alive ranks with an op in flight longer than the threshold -> that op's age."""
+    hung: dict[int, float] = {}
+    for rank_id, rank in job.ranks.items():
+        if status.get(rank_id) != ALIVE or not rank.inflight:
+            continue
+        age = max(op.age_at(now) for op in rank.inflight)
+        if age > threshold:
+            hung[rank_id] = age
+    return hung
+
+
+# --------------------------------------------------------------------------------------
+# mismatch
+# --------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Mismatch:
+    group_id: str
+    seq: int
+    minority: dict[int, Sig]
+    majority: Sig
+    field: str  # op / bytes / dtype
+
+
+def _differs(a: Sig, b: Sig) -> str:
+    if a[0] != b[0]:
+        return "op"
+    if a[0] in _EQUAL_BYTES_OPS and a[1] and b[1] and a[1] != b[1]:
+        return "bytes"
+    if a[2] and b[2] and a[2] != b[2]:
+        return "dtype"
+    return ""
+
+
+def _canonical(sig: Sig, reference: Sig) -> Sig:
+    """Heartbeats carry no dtype: compare on what both sides know."""
+    return (sig[0], sig[1] if sig[0] in _EQUAL_BYTES_OPS else 0, sig[2] if reference[2] else "")
+
+
+def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
+    """Sequence numbers at which members of a group issued different ops.
+
+    The minority diverges; ties are broken by which signature the group used before
+    (training repeats itself, so history says what "normal" looks like).
+    """
+    found: list[Mismatch] = []
+    for group in job.groups.values():
+        if len(group.seqs) == 0:
+            continue
+        newest = sorted(group.seqs)[-recent:]
+        for seq in newest:
+            sigs = group.seqs[seq].sigs
+            if len(sigs) < 2:
+                continue
+            first = next(iter(sigs.values()))
+            if not any(_differs(first, s) for s in sigs.values()):
+                continue
+            found.append(_split(group, seq, sigs))
+    return found
+
+
+def _split(group: GroupState, seq: int, sigs: dict[int, Sig]) -> Mismatch:
+    classes: list[list[int]] = []
+    reps: list[Sig] = []
+    for rank, sig in sigs.items():
+        for i, rep in enumerate(reps):
+            if not _differs(rep, sig):
+                classes[i].append(rank)
+                break
+        else:
+            reps.append(sig)
+            classes.append([rank])
+    history: Counter[tuple[str, int]] = Counter()
+    for other_seq, rec in group.seqs.items():
+        if other_seq != seq:
+            for sig in rec.sigs.values():
+                history[(sig[0], sig[1])] += 1
+
+    def weight(i: int) -> tuple[int, int]:
+        return (len(classes[i]), history[(reps[i][0], reps[i][1])])
+
+    major = max(range(len(classes)), key=weight)
+    minority = {rank: sigs[rank] for i, members in enumerate(classes) if i != major for rank in members}
+    field = _differs(reps[major], next(iter(minority.values())))
+    return Mismatch(group.group_id, seq, minority, reps[major], field)
+
+
+# --------------------------------------------------------------------------------------
+# slowdown
+# --------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Slowdown:
+    group_id: str
+    baseline_s: float
+    recent_s: float
+    straggler: int | None
+    last_share: float
+    lag_s: float
+    comm_ratio: float
+    samples: int
+    reason: str
+
+    @property
+    def ratio(self) -> float:
+        return self.recent_s / self.baseline_s if self.baseline_s > 0 else 0.0
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id, "baseline_interval_s": round(self.baseline_s, 4),
+            "recent_interval_s": round(self.recent_s, 4), "slowdown_ratio": round(self.ratio, 2),
+            "last_arrival_share": round(self.last_share, 2), "median_arrival_lag_s": round(self.lag_s, 4),
+            "comm_time_ratio": round(self.comm_ratio, 2), "seqs_considered": self.samples,
+            "reason": self.reason,
+        }
+
+
+def _complete_seqs(group: GroupState) -> list[tuple[int, float, dict[int, float], float]]:
+    """(seq, completion time, starts, min duration) of seqs every member reported."""
+    size = group.size
+    out = []
+    for seq in sorted(group.seqs):
+        rec = group.seqs[seq]
+        if size < 2 or len(rec.ends) < size or len(rec.starts) < size:
+            continue
+        durations = [rec.ends[r] - rec.starts[r] for r in rec.ends if r in rec.starts]
+        out.append((seq, max(rec.ends.values()), rec.starts, min(durations) if durations else 0.0))
+    return out
+
+
+def _last_arrivals(window: list[tuple[int, float, dict[int, float], float]]) -> tuple[int | None, float, float]:
+    """The rank that most often issued last, its share of last arrivals and its median lag."""
+    lasts: Counter[int] = Counter()
+    lags: dict[int, list[float]] = {}
+    for _, _, starts, _ in window:
+        ordered = sorted(starts.items(), key=lambda kv: kv[1])
+        last_rank, last_t = ordered[-1]
+        lasts[last_rank] += 1
+        others = [t for r, t in ordered if r != last_rank]
+        lags.setdefault(last_rank, []).append(last_t - statistics.median(others) if others else 0.0)
+    if not lasts:
+        return None, 0.0, 0.0
+    rank, count = lasts.most_common(1)[0]
+    return rank, count / len(window), statistics.median(lags[rank])
+
+
+def find_slowdowns(job: JobState, cfg: AnalysisConfig) -> list[Slowdown]:
+    found: list[Slowdown] = []
+    for group in job.groups.values():
+        seqs = _complete_seqs(group)
+        if len(seqs) < cfg.slow_window + 2:
+            continue
+        times = [s[1] for s in seqs]
+        intervals = [b - a for a, b in itertools.pairwise(times)]
+        recent_iv = intervals[-cfg.slow_window:]
+        base_iv = intervals[:-cfg.slow_window]
+        recent = statistics.median(recent_iv)
+        window = seqs[-cfg.slow_window:]
+        straggler, share, lag = _last_arrivals(window)
+        if len(base_iv) >= cfg.slow_baseline_min:
+            baseline = statistics.median(base_iv)
+            base_comm = statistics.median(s[3] for s in seqs[:-cfg.slow_window]) or 1e-9
+            comm_ratio = statistics.median(s[3] for s in window) / base_comm
+            if recent > cfg.slow_ratio * baseline and recent - baseline > cfg.slow_min_delta_s:
+                if share >= cfg.straggler_share and lag > 0.5 * (recent - baseline):
+                    found.append(Slowdown(group.group_id, baseline, recent, straggler, share, lag, comm_ratio,
+                                          len(window), "interval up, one rank arrives last"))
+                elif comm_ratio >= cfg.slow_ratio:
+                    found.append(Slowdown(group.group_id, baseline, recent, None, share, lag, comm_ratio,
+                                          len(window), "interval up, communication time up, normal skew"))
+                continue
+        long_window = seqs[-cfg.straggler_lag_only_window:]
+        if len(long_window) < cfg.straggler_lag_only_window:
+            continue
+        straggler, share, lag = _last_arrivals(long_window)
+        long_iv = intervals[-cfg.straggler_lag_only_window:]
+        med = statistics.median(long_iv)
+        if (share >= cfg.straggler_lag_only_share and lag >= cfg.straggler_lag_only_fraction * med
+                and lag > cfg.slow_min_delta_s):
+            found.append(Slowdown(group.group_id, med - lag, med, straggler, share, lag, 1.0, len(long_window),
+                                  "one rank arrives last by most of a step, every step"))
+    return found

@@ -1,0 +1,257 @@
+"""The verdict: triggers + wait-for graph -> findings with the evidence that convicts.
+
+`analyze_job(job, now, cfg)` is the pure core every front end (live service, offline
+analyzer, benchmarks) calls. At most one primary finding per job and pass, by priority:
+mismatch > deadlock > hang > crash > slowdown, because the higher ones explain the lower
+(a mismatch hangs the job; a dead rank hangs its peers).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import graph as wfg
+from .config import AnalysisConfig
+from .findings import (
+    CRASH,
+    DEADLOCK,
+    HANG,
+    MISMATCH,
+    RC_COMMUNICATION,
+    RC_DEADLOCK,
+    RC_LINK,
+    RC_MISMATCH,
+    RC_NOT_ENTERED,
+    RC_PROCESS_EXITED,
+    RC_PROCESS_LOST,
+    RC_STRAGGLER,
+    SLOWDOWN,
+    Finding,
+    RootCause,
+)
+from .state import JobState
+from .triggers import (
+    ALIVE,
+    EXITED,
+    LOST,
+    UNSEEN,
+    find_mismatches,
+    find_slowdowns,
+    hang_threshold,
+    hung_ranks,
+    lost_after,
+    statuses,
+)
+
+
+def _group_name(job: JobState, gid: str) -> str:
+    group = job.groups.get(gid)
+    return group.name if group is not None and group.name else gid
+
+
+def _rank_evidence(job: JobState, rank_id: int, status: str, now: float, cfg: AnalysisConfig) -> RootCause:
+    """Convict one sink rank: why it is the one everybody waits for."""
+    rank = job.ranks.get(rank_id)
+    if rank is None or status == UNSEEN:
+        return RootCause(rank_id, RC_PROCESS_LOST, {
+            "text": f"rank {rank_id} is a member of a blocked group but never reported",
+            "status": UNSEEN})
+    base: dict[str, Any] = {
+        "status": status, "host": rank.host, "pid": rank.pid,
+        "issued": dict(rank.issued), "completed": dict(rank.completed),
+        "last_heartbeat_counter": rank.hb_counter,
+        "silent_for_s": round(max(0.0, now - rank.last_hb_at), 3) if rank.last_hb_at else None,
+    }
+    if status == LOST:
+        base["text"] = (f"rank {rank_id} (pid {rank.pid} on {rank.host or '?'}) stopped reporting "
+                        f"{now - rank.last_hb_at:.1f}s ago without a final heartbeat "
+                        f"(expected every {rank.hb_interval:g}s): killed, frozen or unreachable")
+        if rank.stack:
+            base["last_stack"] = rank.stack
+        return RootCause(rank_id, RC_PROCESS_LOST, base)
+    if status == EXITED:
+        base["exit_reason"] = rank.exit_reason
+        base["text"] = f"rank {rank_id} exited ({rank.exit_reason}) while its peers wait for it"
+        return RootCause(rank_id, RC_PROCESS_EXITED, base)
+    idle = rank.idle_at(now)
+    base["idle_s"] = round(idle, 3)
+    if rank.stack:
+        base["stack"] = rank.stack
+    where = rank.stack.strip().splitlines()[-1].strip() if rank.stack.strip() else "unknown (no stack yet)"
+    base["text"] = (f"rank {rank_id} is alive (heartbeat {rank.hb_counter}) but has not entered the op its "
+                    f"peers wait in; outside communication for {idle:.1f}s, at: {where}")
+    return RootCause(rank_id, RC_NOT_ENTERED, base)
+
+
+def _data_sink_cause(job: JobState, node: wfg.Node) -> RootCause:
+    """Everyone issued the op and it does not finish: the transport between them."""
+    if node[0] == "c":
+        group = job.groups.get(node[1])
+        members = list(group.ranks) if group is not None else []
+        text = (f"every member of group {_group_name(job, node[1])} issued seq {node[2]} but it does not "
+                f"complete: data does not move between them (network / transport)")
+        evidence: dict[str, Any] = {"text": text, "group_id": node[1], "seq": node[2],
+                                    "members": members[:64]}
+    else:
+        text = f"both sides of p2p {node[2]}->{node[3]} seq {node[4]} were issued but it does not complete"
+        evidence = {"text": text, "src": node[2], "dst": node[3], "seq": node[4]}
+    flows = _classify_flows(job, node)
+    if flows:
+        evidence["flows"] = flows
+        culprit = flows.get("rank")
+        if isinstance(culprit, int):
+            return RootCause(culprit, RC_LINK, evidence)
+    return RootCause(None, RC_LINK, evidence)
+
+
+def _classify_flows(job: JobState, node: wfg.Node) -> dict[str, Any]:
+    """Native per-flow counters, when present, localise a data stall (flow_state.py)."""
+    try:  # flow_state.py is written by the native-plugin work; optional here
+        flow_state = importlib.import_module(f"{__package__}.flow_state")
+    except ImportError:
+        return {}
+    classify = getattr(flow_state, "classify_flows", None)
+    if classify is None:
+        return {}
+    per_rank = {r.rank: r.flows for r in job.ranks.values() if r.flows}
+    if not per_rank:
+        return {}
+    try:
+        result = classify(per_rank)
+    except Exception as exc:  # never let an optional refinement break the verdict
+        return {"error": f"classify_flows failed: {exc}"}
+    return result if isinstance(result, dict) else {"states": result}
+
+
+def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
+                  now: float, cfg: AnalysisConfig) -> Finding | None:
+    wf = wfg.build(job, status, hung)
+    found = wfg.sinks(wf)
+    if not found:
+        return None
+    causes: list[RootCause] = []
+    cycle = False
+    for sink in found:
+        ranks = [n[1] for n in sink.nodes if n[0] == "r"]
+        chain = " -> ".join(wfg.describe(n, job) for n in sink.path)
+        if len(sink.nodes) > 1:
+            cycle = True
+            ops = {r: [f"{op.op} peer {op.peer} seq {op.seq}" if op.is_p2p else
+                       f"{op.op} group {_group_name(job, op.group_id)} seq {op.seq}"
+                       for op in job.ranks[r].inflight] for r in ranks if r in job.ranks}
+            cyc = " -> ".join(wfg.describe(n, job) for n in sink.nodes)
+            for r in ranks:
+                causes.append(RootCause(r, RC_DEADLOCK, {
+                    "text": f"rank {r} is in a wait-for cycle ({cyc}); each member waits on the next",
+                    "cycle": ranks, "in_flight": ops.get(r, []), "blocked_ranks": sink.blast}))
+            continue
+        node = sink.nodes[0]
+        if node[0] == "r":
+            rc = _rank_evidence(job, node[1], status.get(node[1], UNSEEN), now, cfg)
+        else:
+            rc = _data_sink_cause(job, node)
+        rc.evidence["wait_chain"] = chain
+        rc.evidence["blocked_ranks"] = sink.blast
+        causes.append(rc)
+    # order: most blocking first; among lost ranks, the first to go silent first
+    causes.sort(key=lambda rc: (-int(rc.evidence.get("blocked_ranks", 0)),
+                                job.ranks[rc.rank].last_hb_at if rc.rank in job.ranks else 0.0))
+    summary = wfg.summary(wf, found, job)
+    oldest = max(hung.values())
+    kind = DEADLOCK if cycle and all(rc.kind == RC_DEADLOCK for rc in causes) else HANG
+    names = ", ".join(f"rank {rc.rank} ({rc.kind})" if rc.rank is not None else rc.kind for rc in causes[:4])
+    text = (f"{len(hung)} rank(s) stuck in communication for up to {oldest:.1f}s "
+            f"(threshold {threshold:.1f}s); root cause: {names}")
+    return Finding(job.job_id, kind, text, causes, summary,
+                   {"hung_ranks": sorted(hung)[:256], "threshold_s": round(threshold, 3),
+                    "max_in_flight_s": round(oldest, 3)})
+
+
+def _mismatch_finding(job: JobState) -> Finding | None:
+    found = find_mismatches(job)
+    if not found:
+        return None
+    causes: list[RootCause] = []
+    for mm in found[:8]:
+        name = _group_name(job, mm.group_id)
+        for rank, sig in mm.minority.items():
+            causes.append(RootCause(rank, RC_MISMATCH, {
+                "text": (f"rank {rank} issued {sig[0]} ({sig[1]} bytes{', ' + sig[2] if sig[2] else ''}) "
+                         f"at group {name} seq {mm.seq} where the others issued {mm.majority[0]} "
+                         f"({mm.majority[1]} bytes{', ' + mm.majority[2] if mm.majority[2] else ''})"),
+                "group_id": mm.group_id, "seq": mm.seq, "field": mm.field,
+                "issued": {"op": sig[0], "bytes": sig[1], "dtype": sig[2]},
+                "expected": {"op": mm.majority[0], "bytes": mm.majority[1], "dtype": mm.majority[2]}}))
+    first = found[0]
+    text = (f"collective mismatch ({first.field}) in group {_group_name(job, first.group_id)} at seq "
+            f"{first.seq}: rank(s) {sorted(first.minority)} diverge")
+    return Finding(job.job_id, MISMATCH, text, causes, {},
+                   {"mismatches": [{"group_id": m.group_id, "seq": m.seq, "field": m.field,
+                                    "minority": sorted(m.minority)} for m in found[:8]]})
+
+
+def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
+    lost = [r for r, s in status.items() if s == LOST]
+    if not lost:
+        return None
+    causes = [_rank_evidence(job, r, LOST, now, cfg) for r in lost]
+    causes.sort(key=lambda rc: job.ranks[rc.rank].last_hb_at if rc.rank in job.ranks else 0.0)
+    others = {s: sum(1 for v in status.values() if v == s) for s in (ALIVE, EXITED)}
+    text = (f"{len(lost)} rank(s) stopped reporting without a final heartbeat: "
+            f"{', '.join(str(rc.rank) for rc in causes[:8])}; {others[ALIVE]} alive, {others[EXITED]} exited")
+    return Finding(job.job_id, CRASH, text, causes, {},
+                   {"lost_ranks": sorted(lost)[:256], "alive": others[ALIVE], "exited": others[EXITED],
+                    "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)})
+
+
+def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
+    found = find_slowdowns(job, cfg)
+    if not found:
+        return None
+    found.sort(key=lambda s: (s.straggler is None, -s.last_share, -s.ratio))
+    causes: list[RootCause] = []
+    seen: set[int | None] = set()
+    for slow in found:
+        if slow.straggler in seen:
+            continue
+        seen.add(slow.straggler)
+        evidence = slow.as_evidence()
+        name = _group_name(job, slow.group_id)
+        if slow.straggler is not None:
+            evidence["text"] = (f"rank {slow.straggler} arrived last at {slow.last_share:.0%} of the last "
+                                f"{slow.samples} collectives of group {name}, {slow.lag_s * 1000:.0f} ms after the "
+                                f"others (median); step interval {slow.baseline_s * 1000:.0f} -> "
+                                f"{slow.recent_s * 1000:.0f} ms")
+            causes.append(RootCause(slow.straggler, RC_STRAGGLER, evidence))
+        else:
+            evidence["text"] = (f"group {name}: interval {slow.baseline_s * 1000:.0f} -> "
+                                f"{slow.recent_s * 1000:.0f} ms and communication time x{slow.comm_ratio:.1f} "
+                                f"with normal arrival skew: the network / transport is slower")
+            causes.append(RootCause(None, RC_COMMUNICATION, evidence))
+    top = found[0]
+    text = f"job slowed down x{top.ratio:.1f}: " + causes[0].evidence["text"]
+    return Finding(job.job_id, SLOWDOWN, text, causes, {}, {"groups": [s.as_evidence() for s in found[:8]]})
+
+
+def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
+    """State in, findings out: the primary finding first (empty when the job is healthy)."""
+    status = statuses(job, now, cfg)
+    mismatch = _mismatch_finding(job)
+    if mismatch is not None:
+        return [mismatch]
+    threshold = hang_threshold(job, cfg)
+    hung = hung_ranks(job, status, now, threshold)
+    if hung:
+        hang = _hang_finding(job, status, hung, threshold, now, cfg)
+        if hang is not None:
+            return [hang]
+    crash = _crash_finding(job, status, now, cfg)
+    if crash is not None:
+        return [crash]
+    alive = [r for r, s in status.items() if s == ALIVE]
+    if alive:
+        slow = _slowdown_finding(job, cfg)
+        if slow is not None:
+            return [slow]
+    return []

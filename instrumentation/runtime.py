@@ -111,10 +111,10 @@ class Runtime:
             schema.RES_PROCESS_PID: os.getpid(),
             schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
         }
-        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
-                "OTEL_RESOURCE_ATTRIBUTES", ""):
-            attributes[schema.RES_SERVICE_NAME] = self.job_id
         detected = base if base is not None else Resource.create({})
+        service = str(detected.attributes.get(schema.RES_SERVICE_NAME, ""))
+        if not service or service.startswith("unknown_service"):  # nobody named it: the job does
+            attributes[schema.RES_SERVICE_NAME] = self.job_id
         return detected.merge(Resource(attributes))
 
     def _install_signal_handlers(self) -> None:

@@ -23,6 +23,7 @@ def main() -> None:
     parser.add_argument("--block-seconds", type=float, default=0.0)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--out", default="", help="directory for steptimes-<rank>.txt")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -42,7 +43,9 @@ def main() -> None:
         if args.step_sleep:
             time.sleep(args.step_sleep)
         step_times.append(time.perf_counter() - started)
-    print(f"STEPTIMES {rank} " + " ".join(f"{t:.6f}" for t in step_times), flush=True)
+    if args.out:
+        with open(os.path.join(args.out, f"steptimes-{rank}.txt"), "w") as handle:
+            handle.write("\n".join(f"{t:.6f}" for t in step_times))
     dist.destroy_process_group()
 
 

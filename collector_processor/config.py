@@ -37,8 +37,8 @@ class ProcessorConfig:
     # open collectives held at once; the oldest is closed early ("evicted") beyond this
     max_open: int = 20_000
     # raw native detail spans buffered across all open collectives / per collective
-    max_detail_total: int = 200_000
-    max_detail_per_collective: int = 20_000
+    max_detail_total: int = 50_000
+    max_detail_per_collective: int = 10_000
     # distinct flows condensed per collective (rank x channel x peer x direction)
     max_flows_per_collective: int = 8_192
     # closed collectives remembered, so that late detail follows the same keep/condense decision

@@ -1,0 +1,95 @@
+"""End to end with real processes: instrumented gloo ranks -> processor -> downstream.
+
+The downstream is an OTLP receiver standing in for the RCA service (and a second one
+for Jaeger/Tempo, to check fan-out). Rank 2 sleeps before one all_reduce: that
+collective's summary must name rank 2 last, with the skew the rank spans show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mycroft import schema
+from mycroft.otlp import SpanRecord
+from mycroft.otlp_server import OtlpReceiver
+from tests.collector.procs import embedded_collector, processor_service
+from tests.conftest import SpanSink, instrumented_env, run_torchrun
+
+pytestmark = pytest.mark.slow
+JOB = Path(__file__).parent / "jobs" / "straggler.py"
+DELAY = 0.6
+
+
+@pytest.fixture
+def two_sinks() -> Iterator[tuple[SpanSink, str, SpanSink, str]]:
+    rca, jaeger = SpanSink(), SpanSink()
+    receivers = [OtlpReceiver(rca, "127.0.0.1:0", None).start(), OtlpReceiver(jaeger, "127.0.0.1:0", None).start()]
+    try:
+        yield rca, f"http://127.0.0.1:{receivers[0].grpc_port}", jaeger, f"http://127.0.0.1:{receivers[1].grpc_port}"
+    finally:
+        for receiver in receivers:
+            receiver.stop(0)
+
+
+def _run_job(otlp_grpc_port: int, job: str) -> None:
+    env = instrumented_env(otlp_grpc_port, MYCROFT_JOB_ID=job, MYCROFT_HEARTBEAT_INTERVAL="0.5")
+    result = run_torchrun(JOB, 4, env, "--steps", "6", "--slow-rank", "2", "--slow-step", "3",
+                          "--delay", str(DELAY))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _check_straggler_summary(spans: list[SpanRecord], job: str) -> None:
+    summaries = [s for s in spans if s.name == schema.SPAN_COLLECTIVE_SUMMARY and s.job_id == job]
+    rank_spans = [s for s in spans if s.kind == schema.KIND_COLLECTIVE and s.job_id == job]
+    assert len(summaries) == len({s.trace_id for s in rank_spans}) == 7  # 6 all_reduce + barrier
+    slow = max(summaries, key=lambda s: s.attributes[schema.ATTR_SUM_ARRIVAL_SKEW_S])
+    a = slow.attributes
+    assert a[schema.ATTR_SUM_LAST_RANK] == 2
+    members = [s for s in rank_spans if s.trace_id == slow.trace_id]
+    assert sorted(s.rank for s in members) == a[schema.ATTR_SUM_RANKS] == [0, 1, 2, 3]
+    first = min(members, key=lambda s: s.start_ns)
+    last = max(members, key=lambda s: s.start_ns)
+    assert a[schema.ATTR_SUM_FIRST_RANK] == first.rank and last.rank == 2
+    assert a[schema.ATTR_SUM_ARRIVAL_SKEW_S] == pytest.approx((last.start_ns - first.start_ns) / 1e9, abs=1e-9)
+    assert DELAY - 0.05 <= a[schema.ATTR_SUM_ARRIVAL_SKEW_S] <= DELAY + 0.5
+    assert a[schema.ATTR_SUM_COMPLETE] is True and a[schema.ATTR_SUM_MISSING_RANKS] == []
+    assert schema.ANOMALY_SKEWED in str(a[schema.ATTR_SUM_ANOMALY])
+    assert a[schema.ATTR_OP] == schema.OP_ALL_REDUCE and a[schema.ATTR_BYTES] == 4096 * 4
+    assert a[schema.ATTR_SUM_BUSBW_GBPS] == pytest.approx(a[schema.ATTR_SUM_ALGBW_GBPS] * 1.5)
+    assert schema.RES_RANK not in slow.resource and schema.ATTR_RANK not in a
+    others = [s for s in summaries if s is not slow]
+    assert all(s.attributes[schema.ATTR_SUM_ARRIVAL_SKEW_S] < DELAY / 2 for s in others)
+    # heartbeats made it through, untouched (parallel arrays intact)
+    beats = [s for s in spans if s.kind == schema.KIND_HEARTBEAT and s.job_id == job]
+    assert {b.rank for b in beats} == {0, 1, 2, 3}
+    for beat in beats:
+        ids = beat.attributes[schema.ATTR_HB_GROUP_IDS]
+        assert isinstance(ids, list)
+        assert len(ids) == len(beat.attributes[schema.ATTR_HB_GROUP_ISSUED])
+
+
+def _done(job: str) -> object:
+    return lambda spans: sum(1 for s in spans if s.name == schema.SPAN_COLLECTIVE_SUMMARY and s.job_id == job) >= 7
+
+
+def test_ranks_through_rotel_with_the_processor(two_sinks: tuple[SpanSink, str, SpanSink, str]) -> None:
+    rca, rca_endpoint, jaeger, jaeger_endpoint = two_sinks
+    with embedded_collector(rca_endpoint, jaeger_endpoint, args=("--linger", "0.2")) as (_, ready):
+        _run_job(ready["grpc_port"], "e2e-rotel")
+        assert rca.wait_for(_done("e2e-rotel"), 30), [s.name for s in rca.snapshot()]
+        assert jaeger.wait_for(_done("e2e-rotel"), 10)
+    _check_straggler_summary(rca.snapshot(), "e2e-rotel")
+    _check_straggler_summary(jaeger.snapshot(), "e2e-rotel")
+
+
+def test_ranks_through_the_standalone_service(two_sinks: tuple[SpanSink, str, SpanSink, str]) -> None:
+    rca, rca_endpoint, jaeger, jaeger_endpoint = two_sinks
+    with processor_service(rca_endpoint, jaeger_endpoint, args=("--linger", "0.2")) as (_, ready):
+        _run_job(ready["otlp_grpc"], "e2e-service")
+        assert rca.wait_for(_done("e2e-service"), 30), [s.name for s in rca.snapshot()]
+        assert jaeger.wait_for(_done("e2e-service"), 10)
+    _check_straggler_summary(rca.snapshot(), "e2e-service")
+    _check_straggler_summary(jaeger.snapshot(), "e2e-service")

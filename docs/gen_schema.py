@@ -122,7 +122,7 @@ MEANINGS: dict[str, tuple[str, str, str]] = {
     "ATTR_SUM_DURATION_MAX_S": ("double", "Longest per-rank duration", "`0.43`"),
     "ATTR_SUM_DURATION_SPREAD_S": ("double", "Max minus min duration", "`0.42`"),
     "ATTR_SUM_ALGBW_GBPS": ("double", "Algorithm bandwidth, bytes / time (nccl-tests)", "`12.5`"),
-    "ATTR_SUM_BUSBW_GBPS": ("double", "Bus bandwidth, algbw × nccl-tests factor", "`21.9`"),
+    "ATTR_SUM_BUSBW_GBPS": ("double", "Bus bandwidth, algbw * nccl-tests factor", "`21.9`"),
     "ATTR_SUM_ANOMALY": ("string", "Why raw detail was kept (slow, skewed, incomplete), empty otherwise", "`skewed`"),
     "ATTR_SUM_FLOWS": ("int", "Native flows condensed into this collective", "`16`"),
     "ATTR_FLOW_SUM_STEP_MEAN_S": ("double", "Flow summary: mean proxy-step duration", "`0.0021`"),

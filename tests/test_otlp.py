@@ -12,8 +12,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from mycroft import schema
-from mycroft.otlp import (OtlpDecodeError, SpanRecord, decode_json, decode_protobuf, encode_json,
-                          request_from_records)
+from mycroft.otlp import OtlpDecodeError, SpanRecord, decode_json, decode_protobuf, encode_json, request_from_records
 from mycroft.otlp_server import OtlpReceiver
 from tests.conftest import SpanSink
 

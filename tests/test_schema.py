@@ -23,7 +23,7 @@ def test_rank_lists_round_trip(ranks: list[int]) -> None:
 def test_rank_lists_are_compact_and_readable() -> None:
     assert schema.encode_ranks(range(16384)) == "0-16383"
     assert schema.encode_ranks(range(0, 16, 2)) == "0-14/2"
-    assert schema.encode_ranks([3, 5, 9, 10, 11]) == "3-5/2,9-11" or schema.encode_ranks([3, 5, 9, 10, 11]) == "3,5,9-11"
+    assert schema.encode_ranks([3, 5, 9, 10, 11]) == "3,5,9-11"
 
 
 def test_random_rank_lists_round_trip() -> None:

@@ -84,8 +84,10 @@ dist.all_reduce(t)
 dist.all_reduce(t, async_op=True).wait()
 import time; time.sleep(0.5)
 instrumentor.uninstrument()
-restored = all(getattr(dist, n) is originals[n] for n in ("all_reduce", "send", "batch_isend_irecv", "init_process_group"))
-restored = restored and c10d.all_reduce is originals["c10d.all_reduce"] and funcol.all_reduce is originals["funcol.all_reduce"]
+names = ("all_reduce", "send", "batch_isend_irecv", "init_process_group")
+restored = all(getattr(dist, n) is originals[n] for n in names)
+restored = restored and c10d.all_reduce is originals["c10d.all_reduce"]
+restored = restored and funcol.all_reduce is originals["funcol.all_reduce"]
 restored = restored and DDP.__init__ is originals["ddp.init"]
 dist.all_reduce(t)  # not traced any more
 names = [s.name for s in exporter.get_finished_spans()]

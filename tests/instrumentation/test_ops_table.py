@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from mycroft.instrumentation.ops import C10D_SPECS, FUNCOL_SPECS, NO_ARG, OpSpec
 
 

@@ -16,6 +16,11 @@ class AnalysisConfig:
     # lost heartbeats: silent for lost_intervals * interval + lost_slack_s
     lost_intervals: float = 2.5
     lost_slack_s: float = 0.3
+    # a rank others wait on: suspect after this many missed intervals (verdict deferred),
+    # convicted as lost after corroborated_lost_intervals (its peers' hang corroborates)
+    suspect_intervals: float = 1.2
+    corroborated_lost_intervals: float = 2.0
+    suspect_slack_s: float = 0.15
     # stall: nothing in flight, nothing completing, for max(stall_min_s, stall_factor * interval)
     stall_min_s: float = 30.0
     stall_factor: float = 20.0

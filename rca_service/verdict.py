@@ -124,6 +124,20 @@ def _classify_flows(job: JobState, node: wfg.Node) -> dict[str, Any]:
     return result if isinstance(result, dict) else {"states": result}
 
 
+def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig) -> str | None:
+    """A rank that others hang on and that missed heartbeats: LOST sooner than an unaccused rank,
+    None (undecided) while it is merely late, ALIVE when it reported recently."""
+    rank = job.ranks[rank_id]
+    if not rank.last_hb_at:
+        return ALIVE
+    late = now - rank.last_hb_at
+    if late > cfg.corroborated_lost_intervals * rank.hb_interval + cfg.suspect_slack_s:
+        return LOST
+    if late > cfg.suspect_intervals * rank.hb_interval + cfg.suspect_slack_s:
+        return None
+    return ALIVE
+
+
 def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
                   now: float, cfg: AnalysisConfig) -> Finding | None:
     wf = wfg.build(job, status, hung)
@@ -148,7 +162,13 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
             continue
         node = sink.nodes[0]
         if node[0] == "r":
-            rc = _rank_evidence(job, node[1], status.get(node[1], UNSEEN), now, cfg)
+            decided: str | None = status.get(node[1], UNSEEN)
+            if decided == ALIVE:
+                decided = _corroborated_status(job, node[1], now, cfg)
+            if decided is None:
+                return None  # it just missed a heartbeat: dead or alive decides the verdict, wait
+            sink_status = decided
+            rc = _rank_evidence(job, node[1], sink_status, now, cfg)
         else:
             rc = _data_sink_cause(job, node)
         rc.evidence["wait_chain"] = chain

@@ -170,6 +170,16 @@ ATTR_FLOW_GPU_READY: Final = "mycroft.flow.gpu_ready"
 ATTR_FLOW_TRANSMITTED: Final = "mycroft.flow.transmitted"
 ATTR_FLOW_DONE: Final = "mycroft.flow.done"
 ATTR_FLOW_STALL_STATE: Final = "mycroft.flow.stall_state"  # one of FLOW_STATE_*
+# added by native/ (documented in docs/native.md)
+ATTR_FLOW_POSTED: Final = "mycroft.flow.posted"  # steps the proxy posted (>= gpu_ready)
+ATTR_NCCL_PROXY_STATE: Final = "mycroft.nccl.proxy_state"  # last ProxyStep state, e.g. "SendGPUWait"
+ATTR_NCCL_PXN: Final = "mycroft.nccl.pxn"  # bool: proxy op run on behalf of another process
+ATTR_NCCL_GPU_START_NS: Final = "mycroft.nccl.gpu_start_ns"  # KernelCh GPU globaltimer at start
+ATTR_NCCL_GPU_STOP_NS: Final = "mycroft.nccl.gpu_stop_ns"  # KernelCh GPU globaltimer at stop
+ATTR_HB_FLOW_POSTED: Final = "mycroft.hb.flow.posted"  # parallel to ATTR_HB_FLOW_* above
+ATTR_HB_FLOW_RANKS: Final = "mycroft.hb.flow.ranks"  # rank owning the flow (differs under PXN)
+ATTR_HB_FLOW_PROXY_STATES: Final = "mycroft.hb.flow.proxy_states"  # last ProxyStep state per flow
+ATTR_HB_NATIVE_DROPPED: Final = "mycroft.hb.native.dropped"  # native records + events dropped so far
 
 # Mycroft's per-flow state table (paper): where a flow that does not progress is stuck.
 FLOW_STATE_NOT_STARTED: Final = "not_started"  # G = T = D = 0

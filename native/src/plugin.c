@@ -1,0 +1,898 @@
+/*
+ * Mycroft NCCL profiler plugin: one core behind thin adapters for profiler API v4, v5
+ * and v6 (NCCL 2.27 to 2.30).
+ *
+ * Why it is built this way:
+ * - NCCL calls startEvent / stopEvent / recordEventState from its user and proxy
+ *   threads on the critical path of every collective. Those calls only touch
+ *   per-communicator preallocated pools with C11 atomics: no locks, no allocation,
+ *   no syscalls (the only clock read is vDSO clock_gettime on Coll / ProxyOp /
+ *   KernelCh boundaries; ProxyStep calls read no clock at all).
+ * - Each flow (ProxyOp) keeps Mycroft's cumulative counters: posted, GPU-ready,
+ *   transmitted, done, bumped from the ProxyStep states. A step handle is a slot in
+ *   its flow's own step array (step % 16; NCCL keeps at most 8 steps in flight), so
+ *   ProxyStep events allocate nothing.
+ * - A background publisher thread scans the pools every few milliseconds, writes a
+ *   completion record for what finished and, every snapshot interval, a snapshot of
+ *   everything in flight, into a single-producer shared-memory ring. When the ring is
+ *   full it drops and counts: NCCL is never made to wait.
+ * - A collective only completes when its last ProxyOp / KernelCh stops (NCCL's stop of
+ *   the Coll event means "enqueued"); children may start after that stop, so a
+ *   collective is retired only after it has been quiet for a linger period.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mycroft_ring.h"
+#include "nccl_profiler_abi.h"
+
+#define MC_EXPORT __attribute__((visibility("default")))
+#define MC_LIKELY(x) __builtin_expect(!!(x), 1)
+#define MC_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define MC_MAX_STEPS 16u /* power of two, > NCCL_STEPS (8) */
+#define MC_ALLOC_PROBES 32u
+
+enum { T_COLL = 1, T_P2P = 2, T_FLOW = 3, T_KCH = 4, T_STEP = 5 };
+/* slot states: FREE -> BUSY (claimed, being filled) -> ACTIVE -> STOPPED -> FREE */
+enum { S_FREE = 0, S_BUSY = 1, S_ACTIVE = 2, S_STOPPED = 3 };
+enum { SEEN_G = 1, SEEN_T = 2, SEEN_D = 4 };
+
+struct mc_ctx;
+struct mc_flow;
+
+typedef struct mc_parent { /* a Coll or P2p event */
+  uint8_t type;
+  _Atomic uint32_t state;
+  struct mc_ctx* ctx;
+  uint64_t seq;
+  uint64_t count;
+  int32_t root_or_peer;
+  uint8_t nchannels, nwarps;
+  char func[14], algo[14], dtype[14], proto[6];
+  uint64_t start_ns;
+  _Atomic uint64_t stop_ns;
+  _Atomic int32_t children_active;
+  _Atomic uint32_t children_total;
+  _Atomic uint64_t last_activity_ns;
+  _Atomic uint64_t end_ns; /* max over children stops */
+  /* publisher-private */
+  uint64_t last_snapshot_ns;
+} mc_parent_t;
+
+typedef struct mc_step {
+  uint8_t type;
+  uint8_t seen;
+  uint16_t pad;
+  uint32_t step;
+  struct mc_flow* flow;
+} mc_step_t;
+
+typedef struct mc_flow { /* a ProxyOp */
+  uint8_t type;
+  _Atomic uint32_t state;
+  struct mc_ctx* ctx;
+  mc_parent_t* parent; /* NULL when orphan */
+  uint64_t seq;
+  uint16_t parent_kind;
+  uint16_t flags;
+  int32_t rank, channel, peer, nsteps, chunk;
+  uint8_t is_send;
+  int32_t pid;
+  uint32_t uid;
+  uint64_t start_ns;
+  uint64_t stop_ns; /* written before STOPPED (release) */
+  _Atomic uint32_t posted, gpu_ready, transmitted, done;
+  _Atomic uint64_t bytes;
+  _Atomic uint32_t last_state, cur_step;
+  /* publisher-private */
+  uint64_t progress_sum;
+  uint64_t progress_ns;
+  mc_step_t steps[MC_MAX_STEPS];
+} mc_flow_t;
+
+typedef struct mc_kch { /* a KernelCh */
+  uint8_t type;
+  _Atomic uint32_t state;
+  struct mc_ctx* ctx;
+  mc_parent_t* parent;
+  uint64_t seq;
+  uint16_t parent_kind;
+  uint16_t flags;
+  int32_t rank, channel;
+  uint32_t uid;
+  uint64_t start_ns, stop_ns;
+  uint64_t gpu_start;
+  _Atomic uint64_t gpu_stop;
+} mc_kch_t;
+
+typedef struct mc_ctx {
+  uint64_t comm_hash;
+  int32_t rank, nranks, nnodes, version;
+  char name[56];
+  uint32_t ncolls, nflows, nkchs; /* powers of two */
+  mc_parent_t* colls;
+  mc_flow_t* flows;
+  mc_kch_t* kchs;
+  _Atomic uint32_t* p2p_seq; /* [nranks][2]: per peer, per direction */
+  _Atomic uint32_t coll_cursor, flow_cursor, kch_cursor, uid_next;
+  struct mc_ctx* next;
+} mc_ctx_t;
+
+static struct {
+  pthread_mutex_t lock; /* ctx list, ring writes, publisher lifecycle: never on the hot path */
+  mc_ctx_t* live;
+  int nlive;
+  mc_ring_header_t* ring;
+  mc_record_t* records;
+  size_t ring_bytes;
+  uint32_t cap;
+  char ring_path[512];
+  pthread_t thread;
+  int thread_running;
+  _Atomic uint64_t run_gen; /* the publisher runs while this equals the value it was started with */
+  uint64_t snapshot_ns, linger_ns, tick_ns, last_snapshot_ns;
+  uint32_t pool_colls, pool_flows, pool_kchs;
+  int mask;
+  pid_t pid;
+  mcNcclDebugLogger_t log;
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ------------------------------------------------------------------------------------ */
+/* small helpers                                                                          */
+/* ------------------------------------------------------------------------------------ */
+static inline uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no syscall with the tsc clocksource */
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t real_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* single-writer counter bump: a relaxed load + store, no locked RMW on the hot path */
+static inline void bump32(_Atomic uint32_t* c) {
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+static inline void copy_fixed(char* dst, size_t n, const char* src) {
+  size_t i = 0;
+  if (src)
+    for (; i < n && src[i]; i++) dst[i] = src[i];
+  for (; i < n; i++) dst[i] = 0;
+}
+
+static uint32_t pow2_at_least(uint64_t v, uint32_t lo, uint32_t hi) {
+  uint32_t p = lo;
+  while (p < v && p < hi) p <<= 1;
+  return p;
+}
+
+static uint64_t env_u64(const char* name, uint64_t dflt, uint64_t lo, uint64_t hi) {
+  const char* s = getenv(name);
+  if (!s || !*s) return dflt;
+  char* end = NULL;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (end == s) return dflt;
+  if (v < lo) v = lo;
+  if (v > hi) v = hi;
+  return v;
+}
+
+static void plog(int level, const char* fmt, const char* arg) {
+  if (g.log) g.log(level, MC_NCCL_LOG_PROFILE_FLAG, __FILE__, __LINE__, fmt, arg);
+}
+
+static inline void count_dropped_event(void) {
+  if (g.ring) atomic_fetch_add_explicit(&g.ring->dropped_events, 1, memory_order_relaxed);
+}
+
+/* Claim a FREE slot: FREE -> BUSY with one CAS, a few probes from a shared cursor. */
+#define MC_POOL_ALLOC(pool, n, cursor, out)                                                          \
+  do {                                                                                               \
+    (out) = NULL;                                                                                    \
+    for (uint32_t probe_ = 0; probe_ < MC_ALLOC_PROBES; probe_++) {                                  \
+      uint32_t i_ = atomic_fetch_add_explicit(&(cursor), 1, memory_order_relaxed) & ((n) - 1);       \
+      uint32_t exp_ = S_FREE;                                                                        \
+      if (atomic_load_explicit(&(pool)[i_].state, memory_order_relaxed) == S_FREE &&                 \
+          atomic_compare_exchange_strong_explicit(&(pool)[i_].state, &exp_, S_BUSY,                  \
+                                                  memory_order_acquire, memory_order_relaxed)) {     \
+        (out) = &(pool)[i_];                                                                         \
+        break;                                                                                       \
+      }                                                                                              \
+    }                                                                                                \
+  } while (0)
+
+/* ------------------------------------------------------------------------------------ */
+/* hot path                                                                               */
+/* ------------------------------------------------------------------------------------ */
+static inline int parent_live(const mc_parent_t* p) {
+  uint32_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+  return s == S_ACTIVE || s == S_STOPPED;
+}
+
+static void* start_parent(mc_ctx_t* ctx, int type, int rank, uint64_t seq, const char* func, size_t count,
+                          const char* dtype, int root_or_peer, uint8_t nch, uint8_t nwarps, const char* algo,
+                          const char* proto) {
+  mc_parent_t* p;
+  MC_POOL_ALLOC(ctx->colls, ctx->ncolls, ctx->coll_cursor, p);
+  if (MC_UNLIKELY(!p)) {
+    count_dropped_event();
+    return NULL;
+  }
+  (void)rank;
+  uint64_t now = mono_ns();
+  p->type = (uint8_t)type;
+  p->ctx = ctx;
+  p->seq = seq;
+  p->count = count;
+  p->root_or_peer = root_or_peer;
+  p->nchannels = nch;
+  p->nwarps = nwarps;
+  copy_fixed(p->func, sizeof p->func, func);
+  copy_fixed(p->algo, sizeof p->algo, algo);
+  copy_fixed(p->dtype, sizeof p->dtype, dtype);
+  copy_fixed(p->proto, sizeof p->proto, proto);
+  p->start_ns = now;
+  p->last_snapshot_ns = now;
+  atomic_store_explicit(&p->stop_ns, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->children_active, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->children_total, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+  atomic_store_explicit(&p->end_ns, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->state, S_ACTIVE, memory_order_release);
+  return p;
+}
+
+/* Resolve a child's parentObj: NULL, a retired slot or a foreign type make it an orphan. */
+static inline mc_parent_t* child_parent(void* parentObj, uint64_t now, uint64_t* seq, uint16_t* kind) {
+  mc_parent_t* p = (mc_parent_t*)parentObj;
+  if (!p || !parent_live(p) || (p->type != T_COLL && p->type != T_P2P)) {
+    *seq = UINT64_MAX;
+    *kind = 0;
+    return NULL;
+  }
+  *seq = p->seq;
+  *kind = p->type == T_COLL ? MC_REC_COLL_DONE : MC_REC_P2P_DONE;
+  atomic_fetch_add_explicit(&p->children_active, 1, memory_order_acq_rel);
+  atomic_fetch_add_explicit(&p->children_total, 1, memory_order_relaxed);
+  atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+  return p;
+}
+
+static inline void child_done(mc_parent_t* p, uint64_t now) {
+  if (!p) return;
+  uint64_t cur = atomic_load_explicit(&p->end_ns, memory_order_relaxed);
+  while (cur < now &&
+         !atomic_compare_exchange_weak_explicit(&p->end_ns, &cur, now, memory_order_relaxed, memory_order_relaxed)) {
+  }
+  atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+  atomic_fetch_sub_explicit(&p->children_active, 1, memory_order_acq_rel);
+}
+
+static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int channel, int peer, int nsteps,
+                        int chunk, int is_send) {
+  mc_flow_t* f;
+  MC_POOL_ALLOC(ctx->flows, ctx->nflows, ctx->flow_cursor, f);
+  if (MC_UNLIKELY(!f)) {
+    count_dropped_event();
+    return NULL;
+  }
+  uint64_t now = mono_ns();
+  uint16_t flags = 0;
+  if (pid != g.pid) { /* PXN: parentObj lives in another process: never dereference it */
+    parentObj = NULL;
+    flags |= MC_FLAG_PXN;
+  }
+  f->type = T_FLOW;
+  f->ctx = ctx;
+  f->parent = child_parent(parentObj, now, &f->seq, &f->parent_kind);
+  if (!f->parent) flags |= MC_FLAG_ORPHAN;
+  f->flags = flags;
+  f->rank = rank;
+  f->channel = channel;
+  f->peer = peer;
+  f->nsteps = nsteps;
+  f->chunk = chunk;
+  f->is_send = is_send ? 1 : 0;
+  f->pid = pid;
+  f->uid = atomic_fetch_add_explicit(&ctx->uid_next, 1, memory_order_relaxed);
+  f->start_ns = now;
+  f->stop_ns = 0;
+  atomic_store_explicit(&f->posted, 0, memory_order_relaxed);
+  atomic_store_explicit(&f->gpu_ready, 0, memory_order_relaxed);
+  atomic_store_explicit(&f->transmitted, 0, memory_order_relaxed);
+  atomic_store_explicit(&f->done, 0, memory_order_relaxed);
+  atomic_store_explicit(&f->bytes, 0, memory_order_relaxed);
+  atomic_store_explicit(&f->last_state, 0, memory_order_relaxed);
+  atomic_store_explicit(&f->cur_step, 0, memory_order_relaxed);
+  f->progress_sum = 0;
+  f->progress_ns = now;
+  atomic_store_explicit(&f->state, S_ACTIVE, memory_order_release);
+  return f;
+}
+
+static void* start_kch(mc_ctx_t* ctx, void* parentObj, int rank, int channel, uint64_t ptimer) {
+  mc_kch_t* k;
+  MC_POOL_ALLOC(ctx->kchs, ctx->nkchs, ctx->kch_cursor, k);
+  if (MC_UNLIKELY(!k)) {
+    count_dropped_event();
+    return NULL;
+  }
+  uint64_t now = mono_ns();
+  k->type = T_KCH;
+  k->ctx = ctx;
+  k->parent = child_parent(parentObj, now, &k->seq, &k->parent_kind);
+  k->flags = k->parent ? 0 : MC_FLAG_ORPHAN;
+  k->rank = rank;
+  k->channel = channel;
+  k->uid = atomic_fetch_add_explicit(&ctx->uid_next, 1, memory_order_relaxed);
+  k->start_ns = now;
+  k->stop_ns = 0;
+  k->gpu_start = ptimer;
+  atomic_store_explicit(&k->gpu_stop, 0, memory_order_relaxed);
+  atomic_store_explicit(&k->state, S_ACTIVE, memory_order_release);
+  return k;
+}
+
+static inline void* start_step(void* parentObj, int step) {
+  mc_flow_t* f = (mc_flow_t*)parentObj;
+  if (MC_UNLIKELY(!f || f->type != T_FLOW)) return NULL;
+  mc_step_t* s = &f->steps[(uint32_t)step & (MC_MAX_STEPS - 1)];
+  s->type = T_STEP;
+  s->seen = 0;
+  s->step = (uint32_t)step;
+  s->flow = f;
+  bump32(&f->posted);
+  return s;
+}
+
+static inline void step_mark(mc_step_t* s, mc_flow_t* f, uint8_t bits) {
+  uint8_t missing = (uint8_t)(bits & ~s->seen);
+  if (!missing) return;
+  s->seen |= missing;
+  if (missing & SEEN_G) bump32(&f->gpu_ready);
+  if (missing & SEEN_T) bump32(&f->transmitted);
+  if (missing & SEEN_D) bump32(&f->done);
+}
+
+static inline void record_step(mc_step_t* s, int state, const mcNcclProfilerEventStateArgs_v4_t* a) {
+  mc_flow_t* f = s->flow;
+  switch (state) {
+    case MC_ST_STEP_SEND_PEER_WAIT_V4: /* data is on the GPU-side buffer: GPU-ready */
+    case MC_ST_STEP_RECV_WAIT:         /* receive posted: the receiver is ready */
+      step_mark(s, f, SEEN_G);
+      break;
+    case MC_ST_STEP_SEND_WAIT:       /* posted to the network */
+    case MC_ST_STEP_RECV_FLUSH_WAIT: /* data arrived */
+      step_mark(s, f, SEEN_G | SEEN_T);
+      if (a)
+        atomic_store_explicit(&f->bytes, atomic_load_explicit(&f->bytes, memory_order_relaxed) + a->proxyStep.transSize,
+                              memory_order_relaxed);
+      break;
+    case MC_ST_STEP_RECV_GPU_WAIT:
+      step_mark(s, f, SEEN_G | SEEN_T);
+      break;
+    default: /* SendGPUWait and anything else: only remembered as the last state */
+      break;
+  }
+  atomic_store_explicit(&f->last_state, (uint32_t)state, memory_order_relaxed);
+  atomic_store_explicit(&f->cur_step, s->step, memory_order_relaxed);
+}
+
+static mcNcclResult_t core_stop(void* h) {
+  if (MC_UNLIKELY(!h)) return mcNcclSuccess;
+  switch (*(const uint8_t*)h) {
+    case T_STEP: {
+      mc_step_t* s = (mc_step_t*)h;
+      step_mark(s, s->flow, SEEN_G | SEEN_T | SEEN_D);
+      return mcNcclSuccess;
+    }
+    case T_FLOW: {
+      mc_flow_t* f = (mc_flow_t*)h;
+      if (atomic_load_explicit(&f->state, memory_order_relaxed) != S_ACTIVE) return mcNcclSuccess;
+      uint64_t now = mono_ns();
+      f->stop_ns = now;
+      child_done(f->parent, now);
+      atomic_store_explicit(&f->state, S_STOPPED, memory_order_release);
+      return mcNcclSuccess;
+    }
+    case T_KCH: {
+      mc_kch_t* k = (mc_kch_t*)h;
+      if (atomic_load_explicit(&k->state, memory_order_relaxed) != S_ACTIVE) return mcNcclSuccess;
+      uint64_t now = mono_ns();
+      k->stop_ns = now;
+      child_done(k->parent, now);
+      atomic_store_explicit(&k->state, S_STOPPED, memory_order_release);
+      return mcNcclSuccess;
+    }
+    case T_COLL:
+    case T_P2P: { /* "enqueued": completion comes from the children */
+      mc_parent_t* p = (mc_parent_t*)h;
+      uint32_t exp = S_ACTIVE;
+      uint64_t now = mono_ns();
+      atomic_store_explicit(&p->stop_ns, now, memory_order_relaxed);
+      atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+      atomic_compare_exchange_strong_explicit(&p->state, &exp, S_STOPPED, memory_order_release, memory_order_relaxed);
+      return mcNcclSuccess;
+    }
+    default:
+      return mcNcclSuccess;
+  }
+}
+
+static mcNcclResult_t core_record(void* h, int state, const mcNcclProfilerEventStateArgs_v4_t* a) {
+  if (MC_UNLIKELY(!h)) return mcNcclSuccess;
+  uint8_t type = *(const uint8_t*)h;
+  if (MC_LIKELY(type == T_STEP)) {
+    record_step((mc_step_t*)h, state, a);
+  } else if (type == T_KCH && state == MC_ST_KERNEL_CH_STOP && a) {
+    atomic_store_explicit(&((mc_kch_t*)h)->gpu_stop, a->kernelCh.pTimer, memory_order_relaxed);
+  }
+  return mcNcclSuccess;
+}
+
+static uint32_t p2p_next_seq(mc_ctx_t* ctx, int peer, const char* func) {
+  if (peer < 0 || peer >= ctx->nranks || !ctx->p2p_seq) return UINT32_MAX;
+  int dir = (func && func[0] == 'S') ? 1 : 0; /* "Send" / "Recv" */
+  return atomic_fetch_add_explicit(&ctx->p2p_seq[2 * peer + dir], 1, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* ring + publisher (off the hot path, under g.lock)                                      */
+/* ------------------------------------------------------------------------------------ */
+static void ring_push(mc_record_t* r) {
+  mc_ring_header_t* h = g.ring;
+  uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+  uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+  if (head - tail >= g.cap) {
+    atomic_fetch_add_explicit(&h->dropped_records, 1, memory_order_relaxed);
+    return;
+  }
+  mc_record_t* slot = &g.records[head & (g.cap - 1)];
+  /* index 0 first: a concurrent dump of an already-consumed slot sees it as in progress */
+  atomic_store_explicit(&slot->index, 0, memory_order_relaxed);
+#ifndef __SANITIZE_THREAD__
+  atomic_thread_fence(memory_order_release);
+#endif
+  memcpy((char*)slot + sizeof(slot->index), (char*)r + sizeof(r->index), sizeof(*r) - sizeof(r->index));
+  atomic_store_explicit(&slot->index, head + 1, memory_order_release);
+  atomic_store_explicit(&h->head, head + 1, memory_order_release);
+  atomic_fetch_add_explicit(&h->total_records, 1, memory_order_relaxed);
+}
+
+static inline uint64_t to_real(uint64_t mono, int64_t off) { return mono ? (uint64_t)((int64_t)mono + off) : 0; }
+
+static uint64_t dtype_size(const char* d) {
+  /* NCCL datatype names: ncclInt8, ncclUint8, ncclFloat16, ncclBfloat16, ncclFloat8e4m3, ... */
+  if (strstr(d, "64")) return 8;
+  if (strstr(d, "32")) return 4;
+  if (strstr(d, "16")) return 2;
+  if (strstr(d, "8")) return 1;
+  return 0;
+}
+
+static void emit_parent(mc_parent_t* p, int kind, uint16_t flags, int64_t off, uint64_t now_real) {
+  mc_record_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = (uint16_t)kind;
+  r.flags = flags;
+  if (atomic_load_explicit(&p->stop_ns, memory_order_relaxed)) r.flags |= MC_FLAG_ENQUEUED;
+  r.rank = p->ctx->rank;
+  r.comm_hash = p->ctx->comm_hash;
+  r.seq = p->seq;
+  r.start_ns = to_real(p->start_ns, off);
+  if (kind == MC_REC_COLL_DONE || kind == MC_REC_P2P_DONE) {
+    uint64_t end = atomic_load_explicit(&p->end_ns, memory_order_relaxed);
+    if (!end) end = atomic_load_explicit(&p->stop_ns, memory_order_relaxed);
+    r.end_ns = to_real(end ? end : p->start_ns, off);
+  }
+  r.time_ns = now_real;
+  r.u.coll.count = p->count;
+  char dt[15];
+  memcpy(dt, p->dtype, 14);
+  dt[14] = 0;
+  r.u.coll.bytes = p->count * dtype_size(dt);
+  r.u.coll.root_or_peer = p->root_or_peer;
+  r.u.coll.nchannels = p->nchannels;
+  r.u.coll.nwarps = p->nwarps;
+  uint32_t total = atomic_load_explicit(&p->children_total, memory_order_relaxed);
+  r.u.coll.nchildren = (uint16_t)(total > 0xffff ? 0xffff : total);
+  memcpy(r.u.coll.func, p->func, sizeof p->func);
+  memcpy(r.u.coll.algo, p->algo, sizeof p->algo);
+  memcpy(r.u.coll.dtype, p->dtype, sizeof p->dtype);
+  memcpy(r.u.coll.proto, p->proto, sizeof p->proto);
+  ring_push(&r);
+}
+
+static void emit_flow(mc_flow_t* f, int kind, uint16_t flags, int64_t off, uint64_t now_real) {
+  mc_record_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = (uint16_t)kind;
+  r.flags = (uint16_t)(f->flags | flags);
+  r.rank = f->rank;
+  r.comm_hash = f->ctx->comm_hash;
+  r.seq = f->seq;
+  r.start_ns = to_real(f->start_ns, off);
+  r.end_ns = kind == MC_REC_FLOW_DONE ? to_real(f->stop_ns ? f->stop_ns : mono_ns(), off) : 0;
+  r.time_ns = now_real;
+  mc_rec_flow_t* o = &r.u.flow;
+  o->channel = f->channel;
+  o->peer = f->peer;
+  o->nsteps = f->nsteps;
+  o->chunk = f->chunk;
+  o->posted = atomic_load_explicit(&f->posted, memory_order_relaxed);
+  o->gpu_ready = atomic_load_explicit(&f->gpu_ready, memory_order_relaxed);
+  o->transmitted = atomic_load_explicit(&f->transmitted, memory_order_relaxed);
+  o->done = atomic_load_explicit(&f->done, memory_order_relaxed);
+  o->bytes = atomic_load_explicit(&f->bytes, memory_order_relaxed);
+  o->progress_ns = to_real(f->progress_ns, off);
+  o->pid = f->pid;
+  o->uid = f->uid;
+  o->is_send = f->is_send;
+  o->last_state = (uint8_t)atomic_load_explicit(&f->last_state, memory_order_relaxed);
+  o->cur_step = atomic_load_explicit(&f->cur_step, memory_order_relaxed);
+  o->parent_kind = f->parent_kind;
+  ring_push(&r);
+}
+
+static void emit_kch(mc_kch_t* k, uint16_t flags, int64_t off, uint64_t now_real) {
+  mc_record_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = MC_REC_KCH_DONE;
+  r.flags = (uint16_t)(k->flags | flags);
+  r.rank = k->rank;
+  r.comm_hash = k->ctx->comm_hash;
+  r.seq = k->seq;
+  r.start_ns = to_real(k->start_ns, off);
+  r.end_ns = to_real(k->stop_ns ? k->stop_ns : mono_ns(), off);
+  r.time_ns = now_real;
+  r.u.kch.channel = k->channel;
+  r.u.kch.uid = k->uid;
+  r.u.kch.gpu_start = k->gpu_start;
+  r.u.kch.gpu_stop = atomic_load_explicit(&k->gpu_stop, memory_order_relaxed);
+  r.u.kch.parent_kind = k->parent_kind;
+  ring_push(&r);
+}
+
+static void emit_comm(mc_ctx_t* ctx, int kind, uint64_t now_real) {
+  mc_record_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = (uint16_t)kind;
+  r.rank = ctx->rank;
+  r.comm_hash = ctx->comm_hash;
+  r.start_ns = now_real;
+  r.time_ns = now_real;
+  r.u.comm.nranks = ctx->nranks;
+  r.u.comm.nnodes = ctx->nnodes;
+  r.u.comm.api_version = (uint32_t)ctx->version;
+  memcpy(r.u.comm.name, ctx->name, sizeof r.u.comm.name);
+  ring_push(&r);
+}
+
+/* One pass over a communicator's pools. abort: finalize is closing it with events open. */
+static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_real, int snapshot, int abort) {
+  for (uint32_t i = 0; i < ctx->nflows; i++) {
+    mc_flow_t* f = &ctx->flows[i];
+    uint32_t st = atomic_load_explicit(&f->state, memory_order_acquire);
+    if (st == S_ACTIVE) {
+      uint64_t sum = (uint64_t)atomic_load_explicit(&f->posted, memory_order_relaxed) +
+                     atomic_load_explicit(&f->gpu_ready, memory_order_relaxed) +
+                     atomic_load_explicit(&f->transmitted, memory_order_relaxed) +
+                     atomic_load_explicit(&f->done, memory_order_relaxed);
+      if (sum != f->progress_sum) {
+        f->progress_sum = sum;
+        f->progress_ns = now;
+      }
+      if (abort) {
+        emit_flow(f, MC_REC_FLOW_DONE, MC_FLAG_ABORTED, off, now_real);
+        atomic_store_explicit(&f->state, S_FREE, memory_order_release);
+      } else if (snapshot) {
+        emit_flow(f, MC_REC_FLOW, 0, off, now_real);
+      }
+    } else if (st == S_STOPPED) {
+      emit_flow(f, MC_REC_FLOW_DONE, 0, off, now_real);
+      atomic_store_explicit(&f->state, S_FREE, memory_order_release);
+    }
+  }
+  for (uint32_t i = 0; i < ctx->nkchs; i++) {
+    mc_kch_t* k = &ctx->kchs[i];
+    uint32_t st = atomic_load_explicit(&k->state, memory_order_acquire);
+    if (st == S_STOPPED || (abort && st == S_ACTIVE)) {
+      emit_kch(k, st == S_ACTIVE ? MC_FLAG_ABORTED : 0, off, now_real);
+      atomic_store_explicit(&k->state, S_FREE, memory_order_release);
+    }
+  }
+  for (uint32_t i = 0; i < ctx->ncolls; i++) {
+    mc_parent_t* p = &ctx->colls[i];
+    uint32_t st = atomic_load_explicit(&p->state, memory_order_acquire);
+    if (st != S_ACTIVE && st != S_STOPPED) continue;
+    int done_kind = p->type == T_COLL ? MC_REC_COLL_DONE : MC_REC_P2P_DONE;
+    int snap_kind = p->type == T_COLL ? MC_REC_COLL : MC_REC_P2P;
+    if (abort) {
+      emit_parent(p, done_kind, MC_FLAG_ABORTED, off, now_real);
+      atomic_store_explicit(&p->state, S_FREE, memory_order_release);
+      continue;
+    }
+    uint64_t last = atomic_load_explicit(&p->last_activity_ns, memory_order_relaxed);
+    if (st == S_STOPPED && atomic_load_explicit(&p->children_active, memory_order_acquire) == 0 && now >= last &&
+        now - last >= g.linger_ns) {
+      emit_parent(p, done_kind, 0, off, now_real);
+      atomic_store_explicit(&p->state, S_FREE, memory_order_release);
+    } else if (snapshot && now - p->start_ns >= g.snapshot_ns / 2) {
+      emit_parent(p, snap_kind, 0, off, now_real);
+    }
+  }
+}
+
+static void publish_all(int force_snapshot) {
+  uint64_t now = mono_ns();
+  uint64_t now_real = real_ns();
+  int64_t off = (int64_t)now_real - (int64_t)now;
+  int snapshot = force_snapshot || now - g.last_snapshot_ns >= g.snapshot_ns;
+  if (snapshot) g.last_snapshot_ns = now;
+  for (mc_ctx_t* c = g.live; c; c = c->next) publish_ctx(c, now, off, now_real, snapshot, 0);
+  if (g.ring) atomic_store_explicit(&g.ring->published_ns, now_real, memory_order_relaxed);
+}
+
+static void* publisher_main(void* arg) {
+  uint64_t gen = (uint64_t)(uintptr_t)arg;
+  while (atomic_load_explicit(&g.run_gen, memory_order_acquire) == gen) {
+    struct timespec ts = {(time_t)(g.tick_ns / 1000000000ull), (long)(g.tick_ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&g.lock);
+    publish_all(0);
+    pthread_mutex_unlock(&g.lock);
+  }
+  return NULL;
+}
+
+static int ring_open(void) {
+  const char* dir = getenv("MYCROFT_NATIVE_RING_DIR");
+  if (!dir || !*dir) dir = "/dev/shm";
+  snprintf(g.ring_path, sizeof g.ring_path, "%s/%s%d", dir, MC_RING_FILE_PREFIX, (int)g.pid);
+  g.cap = pow2_at_least(env_u64("MYCROFT_NATIVE_RING_RECORDS", 16384, 64, 1u << 24), 64, 1u << 24);
+  g.ring_bytes = MC_RING_HEADER_SIZE + (size_t)g.cap * MC_RING_RECORD_SIZE;
+  int fd = open(g.ring_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, (off_t)g.ring_bytes) != 0) {
+    close(fd);
+    return -1;
+  }
+  void* m = mmap(NULL, g.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return -1;
+  mc_ring_header_t* h = (mc_ring_header_t*)m;
+  memcpy(h->magic, MC_RING_MAGIC, 8);
+  h->version = MC_RING_VERSION;
+  h->header_size = MC_RING_HEADER_SIZE;
+  h->record_size = MC_RING_RECORD_SIZE;
+  h->capacity = g.cap;
+  h->pid = (int32_t)g.pid;
+  h->snapshot_ms = (uint32_t)(g.snapshot_ns / 1000000ull);
+  h->created_ns = real_ns();
+  g.records = (mc_record_t*)((char*)m + MC_RING_HEADER_SIZE);
+  g.ring = h;
+  return 0;
+}
+
+static void configure(void) {
+  g.pid = getpid();
+  g.snapshot_ns = env_u64("MYCROFT_NATIVE_SNAPSHOT_MS", 100, 1, 3600000) * 1000000ull;
+  g.linger_ns = env_u64("MYCROFT_NATIVE_LINGER_MS", 10, 0, 60000) * 1000000ull;
+  /* retire finished events every few ms so the pools stay small */
+  g.tick_ns = env_u64("MYCROFT_NATIVE_TICK_MS", 5, 1, 1000) * 1000000ull;
+  if (g.tick_ns > g.snapshot_ns) g.tick_ns = g.snapshot_ns;
+  g.pool_colls = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_COLLS", 4096, 4, 1u << 20), 4, 1u << 20);
+  g.pool_flows = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_FLOWS", 8192, 4, 1u << 20), 4, 1u << 20);
+  g.pool_kchs = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_KCHS", 2048, 4, 1u << 20), 4, 1u << 20);
+  g.mask = (int)env_u64("MYCROFT_NATIVE_EVENT_MASK",
+                        MC_EV_COLL | MC_EV_P2P | MC_EV_PROXY_OP | MC_EV_PROXY_STEP | MC_EV_KERNEL_CH, 0, 0xffff);
+}
+
+static void ctx_free(mc_ctx_t* c) {
+  if (!c) return;
+  free(c->colls);
+  free(c->flows);
+  free(c->kchs);
+  free((void*)c->p2p_seq);
+  free(c);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* core entry points                                                                      */
+/* ------------------------------------------------------------------------------------ */
+static mcNcclResult_t core_init(void** context, int* mask, const char* name, uint64_t hash, int nnodes, int nranks,
+                                int rank, mcNcclDebugLogger_t logfn, int version) {
+  if (!context) return mcNcclInvalidArgument;
+  *context = NULL;
+  pthread_mutex_lock(&g.lock);
+  if (logfn && !g.log) g.log = logfn;
+  if (!g.ring) {
+    configure();
+    if (ring_open() != 0) {
+      pthread_mutex_unlock(&g.lock);
+      plog(MC_NCCL_LOG_WARN, "Mycroft profiler: cannot create ring %s; plugin disabled", g.ring_path);
+      return mcNcclSystemError;
+    }
+  }
+  mc_ctx_t* c = calloc(1, sizeof *c);
+  if (c) {
+    c->comm_hash = hash;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->nnodes = nnodes;
+    c->version = version;
+    copy_fixed(c->name, sizeof c->name, name);
+    c->ncolls = g.pool_colls;
+    c->nflows = g.pool_flows;
+    c->nkchs = g.pool_kchs;
+    c->colls = calloc(c->ncolls, sizeof *c->colls);
+    c->flows = calloc(c->nflows, sizeof *c->flows);
+    c->kchs = calloc(c->nkchs, sizeof *c->kchs);
+    if (nranks > 0 && nranks < (1 << 24)) c->p2p_seq = calloc((size_t)nranks * 2, sizeof *c->p2p_seq);
+  }
+  if (!c || !c->colls || !c->flows || !c->kchs) {
+    ctx_free(c);
+    pthread_mutex_unlock(&g.lock);
+    plog(MC_NCCL_LOG_WARN, "Mycroft profiler: out of memory for %s; plugin disabled", name ? name : "comm");
+    return mcNcclSystemError;
+  }
+  c->next = g.live;
+  g.live = c;
+  g.nlive++;
+  atomic_store_explicit(&g.ring->live_comms, (uint32_t)g.nlive, memory_order_relaxed);
+  atomic_store_explicit(&g.ring->finalized, 0, memory_order_relaxed);
+  emit_comm(c, MC_REC_COMM, real_ns());
+  if (!g.thread_running) {
+    uint64_t gen = atomic_fetch_add_explicit(&g.run_gen, 1, memory_order_acq_rel) + 1;
+    g.last_snapshot_ns = mono_ns();
+    if (pthread_create(&g.thread, NULL, publisher_main, (void*)(uintptr_t)gen) == 0) g.thread_running = 1;
+  }
+  pthread_mutex_unlock(&g.lock);
+  if (mask) *mask = g.mask;
+  *context = c;
+  plog(MC_NCCL_LOG_INFO, "Mycroft profiler: ring %s", g.ring_path);
+  return mcNcclSuccess;
+}
+
+static mcNcclResult_t core_finalize(void* context) {
+  mc_ctx_t* ctx = (mc_ctx_t*)context;
+  if (!ctx) return mcNcclSuccess;
+  pthread_t join = 0;
+  int do_join = 0;
+  pthread_mutex_lock(&g.lock);
+  mc_ctx_t** pp = &g.live;
+  while (*pp && *pp != ctx) pp = &(*pp)->next;
+  if (*pp) {
+    *pp = ctx->next;
+    g.nlive--;
+    uint64_t now = mono_ns();
+    uint64_t now_real = real_ns();
+    /* completed events first, then whatever is still open is closed as aborted */
+    publish_ctx(ctx, now, (int64_t)now_real - (int64_t)now, now_real, 0, 0);
+    publish_ctx(ctx, now, (int64_t)now_real - (int64_t)now, now_real, 0, 1);
+    emit_comm(ctx, MC_REC_COMM_END, now_real);
+    atomic_store_explicit(&g.ring->live_comms, (uint32_t)g.nlive, memory_order_relaxed);
+    if (g.nlive == 0) {
+      atomic_store_explicit(&g.ring->finalized, 1, memory_order_release);
+      if (g.thread_running) {
+        atomic_fetch_add_explicit(&g.run_gen, 1, memory_order_acq_rel); /* the running publisher exits */
+        join = g.thread;
+        do_join = 1;
+        g.thread_running = 0;
+      }
+    }
+    ctx_free(ctx); /* NCCL stops its proxy thread before finalizing the profiler */
+  }
+  pthread_mutex_unlock(&g.lock);
+  if (do_join) pthread_join(join, NULL);
+  return mcNcclSuccess;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* per-version adapters                                                                   */
+/* ------------------------------------------------------------------------------------ */
+static mcNcclResult_t init_v4(void** context, int* mask, const char* name, uint64_t hash, int nnodes, int nranks,
+                              int rank, mcNcclDebugLogger_t logfn) {
+  return core_init(context, mask, name, hash, nnodes, nranks, rank, logfn, 4);
+}
+
+static mcNcclResult_t init_v5(void** context, uint64_t commId, int* mask, const char* name, int nnodes, int nranks,
+                              int rank, mcNcclDebugLogger_t logfn) {
+  return core_init(context, mask, name, commId, nnodes, nranks, rank, logfn, 5);
+}
+
+static mcNcclResult_t init_v6(void** context, uint64_t commId, int* mask, const char* name, int nnodes, int nranks,
+                              int rank, mcNcclDebugLogger_t logfn) {
+  return core_init(context, mask, name, commId, nnodes, nranks, rank, logfn, 6);
+}
+
+/* The descriptor members Mycroft reads sit at the same offsets in v4 and v5/v6 (only
+ * the width of `type` differs), so one macro body serves both; the static assertions
+ * in nccl_profiler_abi.h pin that. */
+#define MC_START_BODY(D)                                                                                       \
+  do {                                                                                                         \
+    if (!eHandle) return mcNcclSuccess;                                                                        \
+    *eHandle = NULL;                                                                                           \
+    mc_ctx_t* ctx = (mc_ctx_t*)context;                                                                        \
+    if (MC_UNLIKELY(!ctx || !(D))) return mcNcclSuccess;                                                       \
+    switch ((D)->type) {                                                                                       \
+      case MC_EV_PROXY_STEP:                                                                                   \
+        *eHandle = start_step((D)->parentObj, (D)->proxyStep.step);                                            \
+        break;                                                                                                 \
+      case MC_EV_PROXY_OP:                                                                                     \
+        *eHandle = start_flow(ctx, (D)->parentObj, (D)->rank, (D)->proxyOp.pid, (D)->proxyOp.channelId,        \
+                              (D)->proxyOp.peer, (D)->proxyOp.nSteps, (D)->proxyOp.chunkSize,                  \
+                              (D)->proxyOp.isSend);                                                            \
+        break;                                                                                                 \
+      case MC_EV_KERNEL_CH:                                                                                    \
+        *eHandle = start_kch(ctx, (D)->parentObj, (D)->rank, (D)->kernelCh.channelId, (D)->kernelCh.pTimer);   \
+        break;                                                                                                 \
+      case MC_EV_COLL:                                                                                         \
+        *eHandle = start_parent(ctx, T_COLL, (D)->rank, (D)->coll.seqNumber, (D)->coll.func, (D)->coll.count,  \
+                                (D)->coll.datatype, (D)->coll.root, (D)->coll.nChannels, (D)->coll.nWarps,     \
+                                (D)->coll.algo, (D)->coll.proto);                                              \
+        break;                                                                                                 \
+      case MC_EV_P2P: {                                                                                        \
+        uint32_t seq_ = p2p_next_seq(ctx, (D)->p2p.peer, (D)->p2p.func);                                       \
+        *eHandle = start_parent(ctx, T_P2P, (D)->rank, seq_ == UINT32_MAX ? UINT64_MAX : seq_, (D)->p2p.func,  \
+                                (D)->p2p.count, (D)->p2p.datatype, (D)->p2p.peer, (D)->p2p.nChannels, 0, NULL, \
+                                NULL);                                                                         \
+        break;                                                                                                 \
+      }                                                                                                        \
+      default: /* event types Mycroft does not enable: no handle */                                            \
+        break;                                                                                                 \
+    }                                                                                                          \
+    return mcNcclSuccess;                                                                                      \
+  } while (0)
+
+static mcNcclResult_t start_v4(void* context, void** eHandle, mcNcclProfilerEventDescr_v4_t* d) {
+  MC_START_BODY(d);
+}
+
+static mcNcclResult_t start_v5(void* context, void** eHandle, mcNcclProfilerEventDescr_v5_t* d) {
+  MC_START_BODY(d);
+}
+
+static mcNcclResult_t record_any(void* eHandle, mcNcclProfilerEventState_t s, mcNcclProfilerEventStateArgs_v4_t* a) {
+  return core_record(eHandle, s, a);
+}
+
+MC_EXPORT const mcNcclProfiler_v4_t ncclProfiler_v4 = {"Mycroft", init_v4, start_v4, core_stop, record_any,
+                                                       core_finalize};
+MC_EXPORT const mcNcclProfiler_v5_t ncclProfiler_v5 = {"Mycroft", init_v5, start_v5, core_stop, record_any,
+                                                       core_finalize};
+MC_EXPORT const mcNcclProfiler_v6_t ncclProfiler_v6 = {"Mycroft", init_v6, start_v5, core_stop, record_any,
+                                                       core_finalize};
+
+/* ------------------------------------------------------------------------------------ */
+/* Mycroft extras (not part of NCCL's ABI): tests and tools                               */
+/* ------------------------------------------------------------------------------------ */
+/* Publish now (completions + a snapshot of everything in flight); returns records written so far. */
+MC_EXPORT uint64_t mycroft_native_flush(void) {
+  pthread_mutex_lock(&g.lock);
+  uint64_t n = 0;
+  if (g.ring) {
+    publish_all(1);
+    n = atomic_load_explicit(&g.ring->total_records, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&g.lock);
+  return n;
+}
+
+/* Path of this process's ring ("" before the first communicator). */
+MC_EXPORT const char* mycroft_native_ring_path(void) { return g.ring_path; }

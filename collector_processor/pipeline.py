@@ -96,9 +96,13 @@ def split_urgent(records: Iterable[SpanRecord]) -> tuple[list[SpanRecord], list[
 class CollectorProcessor:
     """Joins collectives across ranks and condenses native detail, within fixed memory."""
 
-    def __init__(self, config: ProcessorConfig | None = None, counters: Counters | None = None) -> None:
+    def __init__(self, config: ProcessorConfig | None = None, counters: Counters | None = None,
+                 count_io: bool = True) -> None:
+        """`count_io=False`: the caller's edge counts spans_in / spans_out itself (it forwards
+        some spans without handing them to the core)."""
         self.config = config or ProcessorConfig()
         self.counters = counters or Counters()
+        self.count_io = count_io
         self._open: Windows[int, _Open] = Windows(self.config.max_open)
         self._decisions: BoundedLru[int, str] = BoundedLru(self.config.max_decisions)
         self._tail = TailPolicy(self.config)
@@ -130,17 +134,19 @@ class CollectorProcessor:
                 self._hold_detail(record, now, out)
             else:
                 out.normal.append(record)
-        self.counters.add("spans_in", received)
         out.extend(self.tick(now, count=False))
-        self.counters.add("spans_out", len(out))
+        if self.count_io:
+            self.counters.add("spans_in", received)
+            self.counters.add("spans_out", len(out))
         return out
 
     def pass_urgent(self, heartbeats: list[SpanRecord]) -> list[SpanRecord]:
         """Account for heartbeats a server forwarded itself (see split_urgent); touches no
         window state, so it is safe without the lock that serialises process()."""
-        self.counters.add("spans_in", len(heartbeats))
         self.counters.add("heartbeats", len(heartbeats))
-        self.counters.add("spans_out", len(heartbeats))
+        if self.count_io:
+            self.counters.add("spans_in", len(heartbeats))
+            self.counters.add("spans_out", len(heartbeats))
         return heartbeats
 
     def tick(self, now: float, count: bool = True) -> Output:
@@ -148,7 +154,7 @@ class CollectorProcessor:
         out = Output()
         for trace_id, entry in self._open.due(now):
             self._close(trace_id, entry, self._closed_reason(entry), out)
-        if count:
+        if count and self.count_io:
             self.counters.add("spans_out", len(out))
         return out
 
@@ -157,7 +163,8 @@ class CollectorProcessor:
         out = Output()
         for trace_id, entry in self._open.drain():
             self._close(trace_id, entry, schema.CLOSED_SHUTDOWN, out)
-        self.counters.add("spans_out", len(out))
+        if self.count_io:
+            self.counters.add("spans_out", len(out))
         return out
 
     def next_deadline(self) -> float | None:

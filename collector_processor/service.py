@@ -5,10 +5,15 @@ processors: the collector exports to this service and receives its output back (
 this service exports straight to the backends). OTLP gRPC + HTTP in, OTLP gRPC out to
 every `--export` endpoint.
 
-Threads: the receiver's workers run the sink (heartbeats forwarded before the core's
-lock is taken), a ticker closes due windows at least every `tick_s`, and the fan-out
-has its own sender threads. Memory is bounded by the core's caps, the request size
-limit and the exporters' queues.
+    gRPC request --split (proto_edge)--> heartbeats   -> urgent lane of every endpoint, at once
+                                     --> pass-through -> bulk lane, at once, bytes as received
+                                     --> rank spans + native detail -> core worker (bounded backlog)
+    HTTP request --decode--> heartbeats -> urgent lane; the rest -> core worker
+    core worker: CollectorProcessor on one thread; its output -> bulk lane; ticks every tick_s
+
+Nothing waits on the core: when its backlog is full, native detail is dropped undecoded
+and rank spans pass unjoined, both counted. Memory is bounded by the core's caps, the
+backlog, gRPC's concurrent-RPC limit and the exporters' queues.
 """
 
 from __future__ import annotations
@@ -16,33 +21,155 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from mycroft.otlp import SpanRecord
-from mycroft.otlp_server import OtlpReceiver, split_host_port
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from mycroft.otlp import SpanRecord
+from mycroft.otlp_server import MAX_BODY_BYTES, OtlpReceiver, split_host_port
+
+from .condense import DETAIL_NAMES
 from .config import ProcessorConfig
 from .export import Fanout
 from .pipeline import CollectorProcessor, split_urgent
+from .proto_edge import forwarded_by_core, split_request
 from .stats import Counters, prometheus_text
 
 log = logging.getLogger(__name__)
 
 
+class CoreWorker:
+    """Runs the CollectorProcessor on one thread, fed through a backlog bounded in spans."""
+
+    def __init__(self, processor: CollectorProcessor, fanout: Fanout, max_backlog_spans: int,
+                 tick_s: float) -> None:
+        self.processor = processor
+        self._fanout = fanout
+        self._max_backlog = max_backlog_spans
+        self._tick_s = tick_s
+        self._queue: deque[tuple[list[SpanRecord], bool]] = deque()
+        self._backlog = 0
+        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards the processor (worker thread vs gauges / flush)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mycroft-processor-core", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def room(self) -> int:
+        with self._cond:
+            return max(0, self._max_backlog - self._backlog)
+
+    def put(self, records: list[SpanRecord], fast_path: bool) -> None:
+        """Queue a batch; `fast_path`: its pass-through spans were forwarded already."""
+        if not records:
+            return
+        with self._cond:
+            self._queue.append((records, fast_path))
+            self._backlog += len(records)
+            self._cond.notify()
+
+    def gauges(self) -> dict[str, float]:
+        with self._lock:
+            gauges = dict(self.processor.gauges())
+        with self._cond:
+            gauges["core_backlog_spans"] = self._backlog
+        return gauges
+
+    def stop(self) -> None:
+        """Process what is queued, close every window and hand the output to the fan-out."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(30)
+        with self._lock:
+            out = self.processor.flush()
+        self._emit(out.all(), fast_path=False)
+
+    def _run(self) -> None:
+        next_tick = time.monotonic() + self._tick_s
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    timeout = next_tick - time.monotonic()
+                    if timeout <= 0:
+                        break
+                    self._cond.wait(timeout)
+                item = self._queue.popleft() if self._queue else None
+                if item is None and self._stopping:
+                    return
+                if item is not None:
+                    self._backlog -= len(item[0])
+            try:
+                now = time.monotonic()
+                if item is not None:
+                    with self._lock:
+                        out = self.processor.process(item[0], now)
+                    self._emit(out.urgent, fast_path=item[1], urgent=True)
+                    self._emit(out.normal, fast_path=item[1])
+                if now >= next_tick:
+                    next_tick = now + self._tick_s
+                    with self._lock:
+                        out = self.processor.tick(now)
+                    self._emit(out.all(), fast_path=False)
+            except Exception:  # the worker must outlive any batch
+                log.exception("processor core failed on a batch")
+
+    def _emit(self, records: list[SpanRecord], fast_path: bool, urgent: bool = False) -> None:
+        if fast_path:
+            records = [r for r in records if forwarded_by_core(r)]
+        if not records:
+            return
+        self.processor.counters.add("spans_out", len(records))
+        if urgent:
+            self._fanout.submit(records, ())
+        else:
+            self._fanout.submit((), records)
+
+
+class _GrpcEdge(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, service: ProcessorService) -> None:
+        self._service = service
+
+    def Export(self, request, context):
+        try:
+            self._service.accept_request(request)
+        except Exception as exc:
+            log.exception("bad OTLP request")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
 class ProcessorService:
-    """Receiver -> CollectorProcessor -> Fanout, with a ticker for window deadlines."""
+    """OTLP in (fast gRPC path, decoded HTTP path) -> core worker -> Fanout."""
 
     def __init__(self, otlp_grpc: str | None, otlp_http: str | None, exports: Sequence[str],
                  config: ProcessorConfig | None = None, metrics: str | None = None,
-                 tick_s: float = 0.05, max_queue_spans: int = 100_000) -> None:
+                 tick_s: float = 0.05, max_queue_spans: int = 100_000, max_backlog_spans: int = 50_000,
+                 max_concurrent_rpcs: int = 64) -> None:
         self.counters = Counters()
-        self.processor = CollectorProcessor(config, self.counters)
         self.fanout = Fanout(exports, self.counters, max_queue_spans=max_queue_spans)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._tick_s = tick_s
-        self.receiver = OtlpReceiver(self._sink, otlp_grpc, otlp_http)
+        self.core = CoreWorker(CollectorProcessor(config, self.counters, count_io=False), self.fanout,
+                               max_backlog_spans, tick_s)
+        self._grpc_server: grpc.Server | None = None
+        self.grpc_port: int | None = None
+        if otlp_grpc:
+            self._grpc_server = grpc.server(
+                futures.ThreadPoolExecutor(max_workers=8),
+                options=[("grpc.max_receive_message_length", MAX_BODY_BYTES)],
+                maximum_concurrent_rpcs=max_concurrent_rpcs,
+            )
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_GrpcEdge(self), self._grpc_server)
+            host, port = split_host_port(otlp_grpc)
+            self.grpc_port = self._grpc_server.add_insecure_port(f"{host}:{port}")
+            if not self.grpc_port:
+                raise OSError(f"cannot bind OTLP gRPC on {otlp_grpc}")
+        self._http: OtlpReceiver | None = OtlpReceiver(self.accept_records, None, otlp_http) if otlp_http else None
         self._metrics_server: ThreadingHTTPServer | None = None
         self.metrics_port: int | None = None
         if metrics:
@@ -50,19 +177,17 @@ class ProcessorService:
             self._metrics_server = ThreadingHTTPServer((host, port), _metrics_handler(self))
             self._metrics_server.daemon_threads = True
             self.metrics_port = self._metrics_server.server_address[1]
-        self._ticker = threading.Thread(target=self._tick_loop, name="mycroft-processor-tick", daemon=True)
-
-    @property
-    def grpc_port(self) -> int | None:
-        return self.receiver.grpc_port
 
     @property
     def http_port(self) -> int | None:
-        return self.receiver.http_port
+        return self._http.http_port if self._http else None
 
     def start(self) -> ProcessorService:
-        self.receiver.start()
-        self._ticker.start()
+        self.core.start()
+        if self._grpc_server is not None:
+            self._grpc_server.start()
+        if self._http is not None:
+            self._http.start()
         if self._metrics_server is not None:
             threading.Thread(target=self._metrics_server.serve_forever, name="mycroft-processor-metrics",
                              daemon=True).start()
@@ -70,39 +195,58 @@ class ProcessorService:
 
     def stop(self, drain_s: float = 5.0) -> None:
         """Stop receiving, close every open window, and send what is left."""
-        self.receiver.stop()
-        self._stop.set()
-        self._ticker.join(2.0)
-        with self._lock:
-            out = self.processor.flush()
-        self.fanout.submit(out.urgent, out.normal)
+        if self._grpc_server is not None:
+            self._grpc_server.stop(1.0).wait()
+        if self._http is not None:
+            self._http.stop()
+        self.core.stop()
         self.fanout.close(drain_s)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         log.info("processor stopped: %s", self.counters.snapshot())
 
+    # ------------------------------------------------------------------ edges
+    def accept_request(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        """gRPC fast path: forward what passes as received, decode only what the core needs."""
+        split = split_request(request, budget=self.core.room())
+        counters = self.counters
+        counters.add("spans_in", split.received)
+        if split.urgent_spans:  # heartbeats first, before anything else is touched
+            counters.add("heartbeats", split.urgent_spans)
+            counters.add("spans_out", split.urgent_spans)
+            for exporter in self.fanout.exporters:
+                exporter.urgent.put(split.urgent, split.urgent_spans)
+        if split.passthrough_spans:
+            counters.add("spans_out", split.passthrough_spans)
+            self.fanout.submit_request(split.passthrough, split.passthrough_spans)
+        counters.add("dropped_overload", split.dropped_detail)
+        counters.add("unjoined_overload", split.unjoined)
+        self.core.put(split.feed, fast_path=True)
+
+    def accept_records(self, records: list[SpanRecord]) -> None:
+        """Decoded path (OTLP/HTTP): heartbeats forwarded at once, the rest through the core."""
+        self.counters.add("spans_in", len(records))
+        urgent, rest = split_urgent(records)
+        if urgent:
+            self.counters.add("spans_out", len(urgent))
+            self.fanout.submit(self.core.processor.pass_urgent(urgent), ())
+        room = self.core.room()
+        if len(rest) > room:  # the core is behind: forward the rest undigested, drop native detail
+            over = rest[room:]
+            rest = rest[:room]
+            dropped = [r for r in over if r.name in DETAIL_NAMES]
+            passed = [r for r in over if r.name not in DETAIL_NAMES]
+            self.counters.add("dropped_overload", len(dropped))
+            self.counters.add("unjoined_overload", len(passed))
+            self.counters.add("spans_out", len(passed))
+            self.fanout.submit((), passed)
+        self.core.put(rest, fast_path=False)
+
     def metrics_text(self) -> str:
-        with self._lock:
-            gauges = dict(self.processor.gauges())
+        gauges = self.core.gauges()
         gauges["export_queue_spans"] = self.fanout.pending()
         return prometheus_text(self.counters.snapshot(), gauges)
-
-    def _sink(self, records: list[SpanRecord]) -> None:
-        urgent, rest = split_urgent(records)
-        if urgent:  # before the lock: a flood being joined never delays a heartbeat
-            self.fanout.submit(self.processor.pass_urgent(urgent), ())
-        if rest:
-            with self._lock:
-                out = self.processor.process(rest, time.monotonic())
-            self.fanout.submit(out.urgent, out.normal)
-
-    def _tick_loop(self) -> None:
-        while not self._stop.wait(self._tick_s):
-            with self._lock:
-                out = self.processor.tick(time.monotonic())
-            if len(out):
-                self.fanout.submit(out.urgent, out.normal)
 
 
 def _metrics_handler(service: ProcessorService) -> type[BaseHTTPRequestHandler]:

@@ -29,6 +29,8 @@ COUNTERS: Final[dict[str, str]] = {
     "late_spans": "rank spans that arrived after their collective's window closed",
     "duplicate_spans": "rank spans repeated for a rank already joined",
     "malformed_spans": "spans with unusable Mycroft attributes (passed through, not joined)",
+    "unjoined_overload": "rank spans forwarded without joining because the core was behind",
+    "dropped_overload": "native detail spans dropped undecoded because the core was behind",
     "dropped_export_queue": "spans dropped because an exporter queue was full",
     "dropped_export_error": "spans dropped because an export failed after retries",
 }

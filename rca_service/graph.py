@@ -111,6 +111,7 @@ def _reachable(g: nx.DiGraph, sources: Iterable[Node]) -> set[Node]:
 class Sink:
     nodes: list[Node]  # one node, or the members of a sink cycle
     path: list[Node]  # a shortest wait chain from a hung rank into the sink
+    longest: list[Node]  # the longest shortest-chain: how far the blockage has spread (TP -> DP -> ...)
     blast: int  # hung ranks that (transitively) wait on it
 
 
@@ -132,36 +133,42 @@ def sinks(wf: WaitForGraph, max_sinks: int = 64) -> list[Sink]:
         nodes = sorted(members[comp], key=str)
         if len(nodes) == 1 and nodes[0] in waiting_nodes and g.out_degree(nodes[0]) == 0:
             continue  # a waiting rank with nothing known to wait on
-        found.append(Sink(nodes=nodes, path=[], blast=0))  # type: ignore[arg-type]
+        found.append(Sink(nodes=nodes, path=[], longest=[], blast=0))  # type: ignore[arg-type]
     found = found[: max_sinks]
     for sink in found:
-        sink.path, sink.blast = _chain(sub, set(sink.nodes), waiting_nodes)
+        sink.path, sink.longest, sink.blast = _chain(sub, set(sink.nodes), waiting_nodes)
     found.sort(key=lambda s: (-s.blast, str(s.nodes)))
     return found
 
 
-def _chain(g: nx.DiGraph, targets: set[Node], waiting: set[Node]) -> tuple[list[Node], int]:
-    """Reverse BFS from a sink: the nearest waiting rank's chain and how many wait on it."""
+def _chain(g: nx.DiGraph, targets: set[Node], waiting: set[Node]) -> tuple[list[Node], list[Node], int]:
+    """Reverse BFS from a sink: the nearest and the farthest waiting rank's chains, how many wait on it."""
     parent: dict[Node, Node | None] = {t: None for t in targets}
     todo = deque(targets)
     nearest: Node | None = None
+    farthest: Node | None = None
     blast = 0
     while todo:
         node = todo.popleft()
         if node in waiting and node not in targets:
             blast += 1
+            farthest = node
             if nearest is None:
                 nearest = node
         for prev in g.predecessors(node):
             if prev not in parent:
                 parent[prev] = node
                 todo.append(prev)
-    if nearest is None:
-        return list(targets)[:1], blast
-    path = [nearest]
-    while parent[path[-1]] is not None:
-        path.append(parent[path[-1]])  # type: ignore[arg-type]
-    return path, blast
+
+    def walk(start: Node | None) -> list[Node]:
+        if start is None:
+            return list(targets)[:1]
+        path = [start]
+        while parent[path[-1]] is not None:
+            path.append(parent[path[-1]])  # type: ignore[arg-type]
+        return path
+
+    return walk(nearest), walk(farthest), blast
 
 
 def describe(node: Node, job: JobState) -> str:
@@ -186,6 +193,7 @@ def summary(wf: WaitForGraph, found: list[Sink], job: JobState, limit: int = 16)
         "sinks": [[describe(n, job) for n in s.nodes] for s in found[:limit]],
         "cycles": [[describe(n, job) for n in s.nodes] for s in found[:limit] if len(s.nodes) > 1],
         "chains": [" -> ".join(describe(n, job) for n in s.path) for s in found[:limit]],
+        "longest_chains": [" -> ".join(describe(n, job) for n in s.longest) for s in found[:limit]],
     }
 
 

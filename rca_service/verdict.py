@@ -172,6 +172,7 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
         else:
             rc = _data_sink_cause(job, node)
         rc.evidence["wait_chain"] = chain
+        rc.evidence["longest_wait_chain"] = " -> ".join(wfg.describe(n, job) for n in sink.longest)
         rc.evidence["blocked_ranks"] = sink.blast
         causes.append(rc)
     # order: most blocking first; among lost ranks, the first to go silent first

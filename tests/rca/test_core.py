@@ -1,0 +1,250 @@
+"""The pure analysis core on synthetic span records: state in, findings out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mycroft import schema
+from mycroft.otlp import SpanRecord
+from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.engine import Engine
+from mycroft.rca_service.state import JobState, apply_records
+from mycroft.rca_service.synthetic import Group, InFlightOp, StepJob, collective, heartbeat
+from mycroft.rca_service.verdict import analyze_job
+
+CFG = AnalysisConfig()
+
+
+def _run(engine: Engine, job: StepJob, seconds: float, tick: float = 0.25, **hb: object) -> list:
+    """Heartbeat every 0.5 s (tick granularity) from job.now on; returns every event."""
+    events = []
+    t = job.now
+    next_hb = t
+    end = job.now + seconds
+    while t <= end:
+        if t >= next_hb:
+            engine.ingest(job.heartbeats(t, **hb), t)  # type: ignore[arg-type]
+            next_hb += 0.5
+        events.extend(engine.step(t))
+        t += tick
+    return events
+
+
+def _healthy(world: int = 4, steps: int = 30) -> tuple[Engine, StepJob]:
+    engine = Engine()
+    job = StepJob("job", world)
+    for _ in range(steps):
+        spans = job.steps(1)
+        engine.ingest(spans, job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(world), stack=""), job.now)
+        assert engine.step(job.now) == []
+    return engine, job
+
+
+def test_healthy_job_raises_nothing() -> None:
+    engine, job = _healthy()
+    assert not engine.tracker.active
+    summary = engine.jobs_summary(job.now)[0]
+    assert summary["ranks_seen"] == 4 and summary["groups"][0]["completed_min"] == 30
+
+
+def test_rank_that_never_enters_is_the_root_cause_with_its_stack() -> None:
+    engine, job = _healthy()
+    events = _run(engine, job, 3.0, not_entered=[2])
+    fired = [e for e in events if e.action == "fired"]
+    assert len(fired) == 1
+    incident = fired[0].incident
+    assert incident.kind == "hang"
+    top = incident.root_causes[0]
+    assert top["rank"] == 2 and top["kind"] == "not_entered"
+    assert "time.sleep" in top["evidence"]["stack"]
+    assert top["evidence"]["blocked_ranks"] == 3
+    # detected once the in-flight age passes the 1 s floor, not before
+    assert 1.0 <= incident.detected_at - job.now <= 1.6
+    assert incident.graph["waiting_ranks"] == 3
+
+
+def test_silent_rank_is_lost_not_merely_idle() -> None:
+    engine, job = _healthy()
+    events = _run(engine, job, 3.0, not_entered=[1], silent=[1])
+    incident = next(e.incident for e in events if e.action == "fired")
+    assert incident.kind == "hang"
+    assert incident.root_causes[0]["rank"] == 1
+    assert incident.root_causes[0]["kind"] == "process_lost"
+
+
+def test_crash_names_the_rank_that_vanished_without_a_goodbye() -> None:
+    engine, job = _healthy()
+    t = job.now + 0.2
+    finals = [heartbeat("job", r, 4, t, 99, [job.group], [job.seq], [job.seq], final=True, exit_reason="exit")
+              for r in (0, 1, 3)]
+    engine.ingest(finals, t)
+    events = []
+    for k in range(12):
+        events += engine.step(t + 0.25 * k)
+    incident = next(e.incident for e in events if e.action == "fired")
+    assert incident.kind == "crash"
+    assert [c["rank"] for c in incident.root_causes] == [2]
+    assert incident.root_causes[0]["kind"] == "process_lost"
+
+
+def test_mismatch_minority_and_history_tie_break() -> None:
+    engine, job = _healthy(world=2)
+    nxt = job.seq + 1
+    t = job.now + 0.1
+    hbs = [
+        heartbeat("job", 0, 2, t, 500, [job.group], [nxt], [job.seq], [InFlightOp(job.group, nxt, age_s=0.05)]),
+        heartbeat("job", 1, 2, t, 500, [job.group], [nxt], [job.seq],
+                  [InFlightOp(job.group, nxt, op=schema.OP_BROADCAST, age_s=0.05)]),
+    ]
+    engine.ingest(hbs, t)
+    events = engine.step(t)
+    assert events and events[0].incident.kind == "mismatch"
+    causes = events[0].incident.root_causes
+    # two ranks, one each: history (all_reduce every step) says rank 1 diverged
+    assert [c["rank"] for c in causes] == [1]
+    assert causes[0]["evidence"]["field"] == "op"
+    assert causes[0]["evidence"]["expected"]["op"] == schema.OP_ALL_REDUCE
+
+
+def test_size_mismatch_from_spans() -> None:
+    engine, job = _healthy()
+    job.seq += 1
+    spans = [collective("job", r, 4, job.group, job.seq, job.now, job.now + 0.01,
+                        nbytes=8192 if r == 3 else 4096, state=schema.STATE_ERROR) for r in range(4)]
+    engine.ingest(spans, job.now)
+    incident = engine.step(job.now + 0.1)[0].incident
+    assert incident.kind == "mismatch"
+    assert incident.root_causes[0]["rank"] == 3 and incident.root_causes[0]["evidence"]["field"] == "bytes"
+
+
+def _two_group_job() -> tuple[JobState, Group, Group, Group, Group]:
+    tp0, tp1 = Group("1", (0, 1)), Group("2", (2, 3))
+    dp0, dp1 = Group("3", (0, 2)), Group("4", (1, 3))
+    return JobState("job"), tp0, tp1, dp0, dp1
+
+
+def test_hang_chains_across_tp_and_dp_groups() -> None:
+    jobs: dict[str, JobState] = {}
+    _, tp0, tp1, dp0, dp1 = _two_group_job()
+    t = 100.0
+    s = 7  # every group completed seq 6; seq 7 is where it sticks
+    hb = [
+        # rank 0 finished TP, waits in DP(0,2) for rank 2
+        heartbeat("job", 0, 4, t, 1, [tp0, dp0], [s, s], [s, s - 1], [InFlightOp(dp0, s, age_s=5.0)]),
+        heartbeat("job", 1, 4, t, 1, [tp0, dp1], [s, s], [s, s - 1], [InFlightOp(dp1, s, age_s=5.0)]),
+        # rank 2 waits in TP(2,3) for rank 3
+        heartbeat("job", 2, 4, t, 1, [tp1, dp0], [s, s - 1], [s - 1, s - 1], [InFlightOp(tp1, s, age_s=5.2)]),
+        # rank 3 is outside communication
+        heartbeat("job", 3, 4, t, 1, [tp1, dp1], [s - 1, s - 1], [s - 1, s - 1], idle_s=5.3,
+                  stack='File "train.py", line 3, in load_batch'),
+    ]
+    apply_records(jobs, hb, t, CFG)
+    findings = analyze_job(jobs["job"], t + 0.1, CFG)
+    assert findings[0].kind == "hang"
+    top = findings[0].root_causes[0]
+    assert top.rank == 3 and top.kind == "not_entered"
+    assert top.evidence["blocked_ranks"] == 3
+    chains = findings[0].graph["longest_chains"]
+    assert chains == ["rank 0 -> [group 3 seq 7] -> rank 2 -> [group 2 seq 7] -> rank 3"]
+
+
+def test_p2p_cycle_is_a_deadlock() -> None:
+    jobs: dict[str, JobState] = {}
+    world = Group("0", (0, 1, 2, 3))
+    t = 50.0
+    hb = [
+        heartbeat("job", 0, 4, t, 1, [world], [10], [10], [InFlightOp(world, 3, op=schema.OP_RECV, peer=1, age_s=4)]),
+        heartbeat("job", 1, 4, t, 1, [world], [10], [10], [InFlightOp(world, 3, op=schema.OP_RECV, peer=0, age_s=4)]),
+        heartbeat("job", 2, 4, t, 1, [world], [11], [10], [InFlightOp(world, 11, age_s=3.5)]),
+        heartbeat("job", 3, 4, t, 1, [world], [11], [10], [InFlightOp(world, 11, age_s=3.5)]),
+    ]
+    apply_records(jobs, hb, t, CFG)
+    finding = analyze_job(jobs["job"], t + 0.1, CFG)[0]
+    assert finding.kind == "deadlock"
+    assert {rc.rank for rc in finding.root_causes} == {0, 1}
+    assert finding.graph["cycles"]
+
+
+def test_everyone_issued_but_nothing_moves_is_a_link_problem() -> None:
+    engine, job = _healthy()
+    events = _run(engine, job, 2.0)
+    incident = next(e.incident for e in events if e.action == "fired")
+    assert incident.kind == "hang"
+    assert incident.root_causes[0]["rank"] is None and incident.root_causes[0]["kind"] == "link"
+
+
+def test_straggler_is_the_rank_that_arrives_last() -> None:
+    engine, job = _healthy(steps=20)
+    events = []
+    for _ in range(12):
+        engine.ingest(job.steps(1, slow_rank=1, slow_extra_s=0.15), job.now)
+        events += engine.step(job.now)
+    incident = next(e.incident for e in events if e.action == "fired")
+    assert incident.kind == "slowdown"
+    top = incident.root_causes[0]
+    assert top["rank"] == 1 and top["kind"] == "straggler"
+    assert top["evidence"]["slowdown_ratio"] > 1.6
+
+
+def test_random_arrival_order_jitter_is_not_a_straggler() -> None:
+    engine, job = _healthy(steps=80)
+    assert not engine.tracker.active
+
+
+def test_incident_resolves_when_progress_resumes_and_is_not_refired() -> None:
+    engine, job = _healthy()
+    events = _run(engine, job, 2.0, not_entered=[2])
+    assert [e.action for e in events] == ["fired"]
+    # rank 2 arrives: the collective completes, the job moves on
+    job.now += 2.0
+    events = []
+    for _ in range(40):  # 4 s of progress > resolve_after_s
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(4), stack=""), job.now)
+        events += engine.step(job.now)
+    assert [e.action for e in events] == ["resolved"]
+    assert not engine.tracker.active
+
+
+def test_foreign_and_summary_spans_are_ignored_safely() -> None:
+    jobs: dict[str, JobState] = {}
+    junk = [
+        SpanRecord(1, 1, "GET /", 0, 1),
+        SpanRecord(2, 2, schema.SPAN_COLLECTIVE_SUMMARY, 0, 1,
+                   attributes={schema.ATTR_SPAN_KIND: schema.KIND_COLLECTIVE_SUMMARY}),
+        SpanRecord(3, 3, "all_reduce", 0, 1, attributes={schema.ATTR_SPAN_KIND: schema.KIND_COLLECTIVE,
+                                                          schema.ATTR_SEQ: "x", schema.ATTR_GROUP_RANKS: "0-a"},
+                   resource={schema.RES_RANK: 0, schema.RES_JOB_ID: "j"}),
+        SpanRecord(4, 4, schema.SPAN_HEARTBEAT, 0, 1, attributes={
+            schema.ATTR_SPAN_KIND: schema.KIND_HEARTBEAT, schema.ATTR_HB_GROUP_IDS: ["g"],
+            schema.ATTR_HB_INFLIGHT_GROUP_IDS: ["g", "h"], schema.ATTR_HB_INFLIGHT_SEQS: ["bad"]},
+            resource={schema.RES_RANK: "1", schema.RES_JOB_ID: "j"}),
+    ]
+    assert apply_records(jobs, junk, 1.0, CFG) == 2
+    assert analyze_job(jobs["j"], 2.0, CFG) == [] or True  # must not raise
+    analyze_job(jobs["j"], 100.0, CFG)
+
+
+def test_memory_is_bounded() -> None:
+    cfg = dataclasses.replace(CFG, max_seqs_per_group=16, max_jobs=3)
+    jobs: dict[str, JobState] = {}
+    group = Group("0", (0, 1))
+    for seq in range(1, 200):
+        apply_records(jobs, [collective("a", r, 2, group, seq, seq, seq + 0.1) for r in (0, 1)], seq, cfg)
+    assert len(jobs["a"].groups[group.id].seqs) == 16
+    assert min(jobs["a"].groups[group.id].seqs) == 184
+    for k in range(10):
+        apply_records(jobs, [collective(f"job{k}", 0, 2, group, 1, 0, 1)], 1000.0 + k, cfg)
+    assert len(jobs) == 3
+
+
+def test_restarted_rank_starts_over() -> None:
+    jobs: dict[str, JobState] = {}
+    group = Group("0", (0, 1))
+    apply_records(jobs, [collective("a", 0, 2, group, 50, 1, 2)], 2.0, CFG)
+    assert jobs["a"].ranks[0].completed[group.id] == 50
+    again = collective("a", 0, 2, group, 1, 3, 4)
+    again.resource[schema.RES_PROCESS_PID] = 4242
+    apply_records(jobs, [again], 4.0, CFG)
+    assert jobs["a"].ranks[0].completed[group.id] == 1

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from mycroft.rca_service.alerts import (
     Alerter,
     alertmanager_alerts,

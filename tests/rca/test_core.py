@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from mycroft import schema
-from mycroft.otlp import SpanRecord
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.state import JobState, apply_records
 from mycroft.rca_service.synthetic import Group, InFlightOp, StepJob, collective, heartbeat
 from mycroft.rca_service.verdict import analyze_job
+
+from mycroft import schema
+from mycroft.otlp import SpanRecord
 
 CFG = AnalysisConfig()
 
@@ -188,7 +189,7 @@ def test_straggler_is_the_rank_that_arrives_last() -> None:
 
 
 def test_random_arrival_order_jitter_is_not_a_straggler() -> None:
-    engine, job = _healthy(steps=80)
+    engine, _job = _healthy(steps=80)
     assert not engine.tracker.active
 
 

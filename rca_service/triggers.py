@@ -39,9 +39,7 @@ def rank_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig) ->
         return EXITED
     if rank.last_hb_at and now - rank.last_hb_at > lost_after(rank, cfg):
         return LOST
-    if not rank.last_hb_at and now - rank.last_seen > lost_after(rank, cfg) * 2:
-        return LOST  # spans but never a heartbeat: judge by any sign of life, more leniently
-    return ALIVE
+    return ALIVE  # without heartbeats (spans only) silence proves nothing: an idle rank sends no spans
 
 
 def statuses(job: JobState, now: float, cfg: AnalysisConfig) -> dict[int, str]:

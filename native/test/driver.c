@@ -260,9 +260,12 @@ static void* parent_of(const char* s) {
 }
 
 /* strings must outlive the call: NCCL passes static strings; keep ours in an arena */
+static char* kept[4 * MAX_HANDLES];
+static size_t nkept;
 static const char* keep(const char* s) {
   char* c = strdup(s);
-  if (!c) die("oom");
+  if (!c || nkept == sizeof kept / sizeof kept[0]) die("oom");
+  kept[nkept++] = c;
   return c;
 }
 
@@ -367,6 +370,7 @@ static int cmd_replay(const char* lib, int version, const char* script) {
   }
   if (f != stdin) fclose(f);
   printf("DONE %s\n", p.ring_path());
+  for (size_t i = 0; i < nkept; i++) free(kept[i]);
   return 0;
 }
 

@@ -1,0 +1,117 @@
+"""Benchmark of the native NCCL profiler plugin (no GPU: driven through its exported ABI).
+
+    .venv/bin/python benchmarks/native_bench.py [--seconds 3] [--out result.json]
+
+Reports
+- the median cost of a start/record/stop triple through the ncclProfiler_v6 table, for
+  ProxyStep (the event NCCL issues per step per flow: the hot one), ProxyOp and Coll;
+- events/s a single NCCL-like thread issues while the ring is drained, with a C reader
+  and with the Python NativeReader, plus what was dropped (ring full / pool full);
+- bytes recorded per collective (an 8-channel ring all-reduce: 1 coll + 16 flows + 8 kernel
+  channels, 128-byte records; snapshots add more only for collectives slower than the
+  snapshot interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mycroft.instrumentation.native_reader import NativeReader
+from mycroft.native import BUILD_DIR, PACKAGE_DIR, library_path
+from mycroft.native.ring import RECORD_SIZE
+
+DRIVER = BUILD_DIR / "driver"
+
+
+def _json_line(text: str) -> dict[str, Any]:
+    return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
+
+
+def hot_path(env: dict[str, str]) -> dict[str, Any]:
+    runs = [_json_line(subprocess.run([str(DRIVER), "bench", str(library_path())], env=env, check=True,
+                                      capture_output=True, text=True).stdout) for _ in range(3)]
+    return {key: sorted(run[key] for run in runs)[1] for key in runs[0]}  # median of 3 medians
+
+
+def flood_c_reader(seconds: float, env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run([str(DRIVER), "flood", str(library_path()), str(seconds), "internal"], env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return _json_line(out)
+
+
+def flood_python_reader(seconds: float, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.Popen([str(DRIVER), "flood", str(library_path()), str(seconds), "external"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    ready = proc.stdout.readline()
+    assert ready.startswith("READY"), ready
+    reader = NativeReader.open_for_pid(proc.pid, "bench", 0, ring_dir=env["MYCROFT_NATIVE_RING_DIR"])
+    assert reader is not None
+    stop = threading.Event()
+    spans = 0
+    busy = 0.0
+
+    def drain() -> None:
+        nonlocal spans, busy
+        while not stop.is_set():
+            t0 = time.thread_time()  # CPU time: the machine may be shared
+            spans += len(reader.drain())
+            busy += time.thread_time() - t0
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    finished = proc.stdout.readline()
+    assert finished.startswith("FINISHED"), finished
+    stop.set()
+    thread.join()
+    spans += len(reader.drain())
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    result = _json_line(proc.stdout.read())
+    proc.wait()
+    reader.close()
+    result["python_records_read"] = reader.records_read
+    result["python_spans"] = spans
+    result["python_records_per_cpu_s"] = round(reader.records_read / busy) if busy else None
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), "all", "driver"], check=True)
+    with tempfile.TemporaryDirectory() as ring_dir:
+        env = {**os.environ, "MYCROFT_NATIVE_RING_DIR": ring_dir}
+        big = {**env, "MYCROFT_NATIVE_POOL_COLLS": "65536", "MYCROFT_NATIVE_POOL_FLOWS": "262144",
+               "MYCROFT_NATIVE_POOL_KCHS": "131072", "MYCROFT_NATIVE_RING_RECORDS": "1048576"}
+        result = {
+            "hot_path_median_ns": hot_path(env),
+            "flood_c_reader_default_pools": flood_c_reader(args.seconds, env),
+            "flood_c_reader_big_pools": flood_c_reader(args.seconds, big),
+            "flood_python_reader_default_pools": flood_python_reader(args.seconds, env),
+            "bytes_per_collective_8ch_ring_allreduce_completion_only": (1 + 16 + 8) * RECORD_SIZE,
+            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

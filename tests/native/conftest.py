@@ -1,0 +1,36 @@
+"""Fixtures for the native plugin tests: build once per session, a private ring directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mycroft.native import BUILD_DIR, PACKAGE_DIR, library_path
+
+DRIVER = BUILD_DIR / "driver"
+
+
+def make(*targets: str) -> None:
+    subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), *targets], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    """The plugin and the C test driver, built by the project's own Makefile."""
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        pytest.fail("the native tests need make and a C compiler")
+    make("all", "driver")
+    assert library_path().is_file() and DRIVER.is_file()
+    return library_path()
+
+
+@pytest.fixture()
+def ring_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Rings of this test's emulated ranks live here, not in /dev/shm."""
+    directory = tmp_path / "rings"
+    directory.mkdir()
+    monkeypatch.setenv("MYCROFT_NATIVE_RING_DIR", str(directory))
+    yield directory

@@ -1,0 +1,60 @@
+"""The paper's flow state table and the culprit/victim join, on hand-written heartbeats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mycroft.rca_service.flow_state import SIDE_RECV, SIDE_SEND, classify_flows, culprits, flow_state, summarize
+
+from mycroft import schema
+
+
+@pytest.mark.parametrize(("g", "t", "d", "steps", "state"), [
+    (0, 0, 0, 8, schema.FLOW_STATE_NOT_STARTED),
+    (3, 2, 2, 8, schema.FLOW_STATE_NOT_TRANSMITTED),
+    (3, 3, 2, 8, schema.FLOW_STATE_NOT_DELIVERED),
+    (3, 3, 3, 8, schema.FLOW_STATE_GPU_NOT_READY),
+    (8, 8, 8, 8, schema.FLOW_STATE_COMPLETE),
+])
+def test_state_table(g: int, t: int, d: int, steps: int, state: str) -> None:
+    assert flow_state(g, t, d, steps) == state
+
+
+def _hb(*flows: dict[str, Any]) -> dict[str, Any]:
+    keys = {"comm": schema.ATTR_HB_FLOW_COMMS, "seq": schema.ATTR_HB_FLOW_SEQS, "ch": schema.ATTR_HB_FLOW_CHANNELS,
+            "peer": schema.ATTR_HB_FLOW_PEERS, "send": schema.ATTR_HB_FLOW_SENDS, "steps": schema.ATTR_HB_FLOW_STEPS,
+            "posted": schema.ATTR_HB_FLOW_POSTED, "g": schema.ATTR_HB_FLOW_GPU_READY,
+            "t": schema.ATTR_HB_FLOW_TRANSMITTED, "d": schema.ATTR_HB_FLOW_DONE, "age": schema.ATTR_HB_FLOW_AGES_S}
+    base = {"comm": "00000000000000aa", "seq": 7, "ch": 0, "steps": 8, "age": 5.0}
+    return {attr: [{**base, **f}[k] for f in flows] for k, attr in keys.items()}
+
+
+def test_sender_with_data_but_no_receive_buffer_blames_the_receiver() -> None:
+    hbs = {
+        0: _hb({"peer": 1, "send": True, "posted": 3, "g": 3, "t": 2, "d": 2}),
+        1: _hb({"peer": 0, "send": False, "posted": 2, "g": 2, "t": 2, "d": 2}),
+    }
+    top = culprits(classify_flows(hbs))
+    assert [(f.rank, f.side, f.state, f.suspect_rank, f.suspect_side) for f in top] == [
+        (0, SIDE_SEND, schema.FLOW_STATE_NOT_TRANSMITTED, 1, SIDE_RECV),
+        (1, SIDE_RECV, schema.FLOW_STATE_GPU_NOT_READY, 1, SIDE_RECV),
+    ]
+    assert summarize(classify_flows(hbs))["rank"] == 1
+
+
+def test_sender_with_data_and_a_ready_receiver_blames_the_sender_nic() -> None:
+    hbs = {
+        0: _hb({"peer": 1, "send": True, "posted": 3, "g": 3, "t": 2, "d": 2}),
+        1: _hb({"peer": 0, "send": False, "posted": 4, "g": 4, "t": 2, "d": 2}),
+    }
+    findings = classify_flows(hbs)
+    assert (findings[0].rank, findings[0].suspect_rank, findings[0].suspect_side) == (0, 0, SIDE_SEND)
+    assert findings[1].victim and findings[1].suspect_rank == 0  # the receiver just waits for it
+
+
+def test_young_flows_are_left_out_and_missing_arrays_are_tolerated() -> None:
+    hbs = {0: _hb({"peer": 1, "send": True, "posted": 1, "g": 0, "t": 0, "d": 0, "age": 0.05}), 1: {}}
+    assert classify_flows(hbs, min_age_s=1.0) == []
+    assert len(classify_flows(hbs)) == 1
+    assert summarize([]) == {}

@@ -1,0 +1,96 @@
+"""ASan/UBSan replays and a TSan multi-threaded stress of the plugin (make asan / make tsan)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from mycroft.native import BUILD_DIR, LIBRARY_NAME
+from mycroft.native.emulate import Fault, finish_rank, job_scripts, start_rank
+
+from .conftest import make
+from .test_edges import EDGES
+
+SAN_ERRORS = ("ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer", "ERROR: LeakSanitizer")
+
+
+def _sanitizer_works(flag: str, tmp: Path) -> bool:
+    """Skip only when this compiler cannot build and run a sanitized program at all."""
+    src = tmp / "probe.c"
+    src.write_text("#include <pthread.h>\nstatic void* f(void* a){return a;}\n"
+                   "int main(void){pthread_t t; pthread_create(&t,0,f,0); pthread_join(t,0); return 0;}\n")
+    exe = tmp / f"probe{abs(hash(flag))}"
+    if subprocess.run(["cc", flag, "-pthread", str(src), "-o", str(exe)], capture_output=True).returncode:
+        return False
+    return subprocess.run([str(exe)], capture_output=True).returncode == 0
+
+
+def _clean(result: subprocess.CompletedProcess[str] | str) -> None:
+    text = result if isinstance(result, str) else result.stderr
+    assert not [e for e in SAN_ERRORS if e in text], text[-4000:]
+    if not isinstance(result, str):
+        assert result.returncode == 0, text[-4000:]
+
+
+@pytest.fixture(scope="module")
+def asan(built: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if not _sanitizer_works("-fsanitize=address,undefined", tmp_path_factory.mktemp("probe")):
+        pytest.skip("compiler lacks the ASan/UBSan runtime")
+    make("asan")
+    return BUILD_DIR / "asan" / "driver", BUILD_DIR / "asan" / LIBRARY_NAME
+
+
+@pytest.fixture(scope="module")
+def tsan(built: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if not _sanitizer_works("-fsanitize=thread", tmp_path_factory.mktemp("probe")):
+        pytest.skip("compiler lacks the TSan runtime")
+    make("tsan")
+    return BUILD_DIR / "tsan" / "driver", BUILD_DIR / "tsan" / LIBRARY_NAME
+
+
+def _env(ring_dir: Path) -> dict[str, str]:
+    return {**os.environ, "MYCROFT_NATIVE_RING_DIR": str(ring_dir),
+            "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "TSAN_OPTIONS": "halt_on_error=1"}
+
+
+@pytest.mark.parametrize("version", ["v4", "v5", "v6"])
+def test_asan_ubsan_replay_of_a_stalled_ring_allreduce(asan: tuple[Path, Path], ring_dir: Path, tmp_path: Path,
+                                                       version: str) -> None:
+    driver, library = asan
+    fault = Fault("network", rank=1, channel=0, step=2)
+    for rank, text in enumerate(job_scripts(3, 2, 4, fault)):
+        script = tmp_path / f"r{rank}.script"
+        script.write_text(text)
+        proc = start_rank(script, rank, ring_dir, version, driver=driver, library=library,
+                          env={k: v for k, v in _env(ring_dir).items() if k.endswith("_OPTIONS")})
+        _clean(finish_rank(proc, timeout=60))
+
+
+@pytest.mark.parametrize("version", ["v4", "v6"])
+def test_asan_ubsan_edge_cases(asan: tuple[Path, Path], ring_dir: Path, tmp_path: Path, version: str) -> None:
+    driver, library = asan
+    script = tmp_path / "edges.script"
+    script.write_text(EDGES)
+    _clean(subprocess.run([str(driver), "replay", str(library), version, str(script)], capture_output=True,
+                          text=True, env=_env(ring_dir), timeout=120))
+
+
+def test_asan_ubsan_stress(asan: tuple[Path, Path], ring_dir: Path) -> None:
+    driver, library = asan
+    _clean(subprocess.run([str(driver), "stress", str(library), "1500"], capture_output=True, text=True,
+                          env=_env(ring_dir), timeout=120))
+
+
+def test_tsan_stress_proxy_threads_main_thread_publisher_and_reader(tsan: tuple[Path, Path],
+                                                                    ring_dir: Path) -> None:
+    """3 communicators: main thread issues collectives, one proxy thread each runs flows and
+    steps, the publisher writes the ring, a reader thread drains it, flush() races the publisher,
+    then finalize with a collective still open. The driver checks the record accounting."""
+    driver, library = tsan
+    result = subprocess.run([str(driver), "stress", str(library), "600"], capture_output=True, text=True,
+                            env=_env(ring_dir), timeout=120)
+    _clean(result)
+    assert '"bad": 0' in result.stdout and '"dropped_events": 0' in result.stdout

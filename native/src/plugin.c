@@ -62,8 +62,7 @@ typedef struct mc_parent { /* a Coll or P2p event */
   char func[14], algo[14], dtype[14], proto[6];
   uint64_t start_ns;
   _Atomic uint64_t stop_ns;
-  _Atomic int32_t children_active;
-  _Atomic uint32_t children_total;
+  _Atomic uint64_t children; /* low 32 bits: open children, high 32: children seen (one RMW each way) */
   _Atomic uint64_t last_activity_ns;
   _Atomic uint64_t end_ns; /* max over children stops */
   /* publisher-private */
@@ -90,6 +89,7 @@ typedef struct mc_flow { /* a ProxyOp */
   uint8_t is_send;
   int32_t pid;
   uint32_t uid;
+  uint32_t gen; /* bumped on every reuse of the slot (by its claimer) */
   uint64_t start_ns;
   uint64_t stop_ns; /* written before STOPPED (release) */
   _Atomic uint32_t posted, gpu_ready, transmitted, done;
@@ -110,7 +110,7 @@ typedef struct mc_kch { /* a KernelCh */
   uint16_t parent_kind;
   uint16_t flags;
   int32_t rank, channel;
-  uint32_t uid;
+  uint32_t uid, gen;
   uint64_t start_ns, stop_ns;
   uint64_t gpu_start;
   _Atomic uint64_t gpu_stop;
@@ -125,7 +125,7 @@ typedef struct mc_ctx {
   mc_flow_t* flows;
   mc_kch_t* kchs;
   _Atomic uint32_t* p2p_seq; /* [nranks][2]: per peer, per direction */
-  _Atomic uint32_t coll_cursor, flow_cursor, kch_cursor, uid_next;
+  _Atomic uint32_t coll_cursor, flow_cursor, kch_cursor;
   struct mc_ctx* next;
 } mc_ctx_t;
 
@@ -249,8 +249,7 @@ static void* start_parent(mc_ctx_t* ctx, int type, int rank, uint64_t seq, const
   p->start_ns = now;
   p->last_snapshot_ns = now;
   atomic_store_explicit(&p->stop_ns, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->children_active, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->children_total, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->children, 0, memory_order_relaxed);
   atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
   atomic_store_explicit(&p->end_ns, 0, memory_order_relaxed);
   atomic_store_explicit(&p->state, S_ACTIVE, memory_order_release);
@@ -267,20 +266,19 @@ static inline mc_parent_t* child_parent(void* parentObj, uint64_t now, uint64_t*
   }
   *seq = p->seq;
   *kind = p->type == T_COLL ? MC_REC_COLL_DONE : MC_REC_P2P_DONE;
-  atomic_fetch_add_explicit(&p->children_active, 1, memory_order_acq_rel);
-  atomic_fetch_add_explicit(&p->children_total, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->children, 1ull | (1ull << 32), memory_order_acq_rel);
   atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
   return p;
 }
 
 static inline void child_done(mc_parent_t* p, uint64_t now) {
   if (!p) return;
-  uint64_t cur = atomic_load_explicit(&p->end_ns, memory_order_relaxed);
-  while (cur < now &&
-         !atomic_compare_exchange_weak_explicit(&p->end_ns, &cur, now, memory_order_relaxed, memory_order_relaxed)) {
-  }
+  /* a collective's children all run on its communicator's proxy thread: a plain max suffices
+   * (a lost update between two threads would only make the end time a little early) */
+  if (atomic_load_explicit(&p->end_ns, memory_order_relaxed) < now)
+    atomic_store_explicit(&p->end_ns, now, memory_order_relaxed);
   atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
-  atomic_fetch_sub_explicit(&p->children_active, 1, memory_order_acq_rel);
+  atomic_fetch_sub_explicit(&p->children, 1, memory_order_acq_rel);
 }
 
 static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int channel, int peer, int nsteps,
@@ -309,7 +307,8 @@ static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int
   f->chunk = chunk;
   f->is_send = is_send ? 1 : 0;
   f->pid = pid;
-  f->uid = atomic_fetch_add_explicit(&ctx->uid_next, 1, memory_order_relaxed);
+  /* unique while in flight (the slot), and over time (the slot's generation): no shared counter */
+  f->uid = ++f->gen * ctx->nflows + (uint32_t)(f - ctx->flows);
   f->start_ns = now;
   f->stop_ns = 0;
   atomic_store_explicit(&f->posted, 0, memory_order_relaxed);
@@ -339,7 +338,7 @@ static void* start_kch(mc_ctx_t* ctx, void* parentObj, int rank, int channel, ui
   k->flags = k->parent ? 0 : MC_FLAG_ORPHAN;
   k->rank = rank;
   k->channel = channel;
-  k->uid = atomic_fetch_add_explicit(&ctx->uid_next, 1, memory_order_relaxed);
+  k->uid = ++k->gen * ctx->nkchs + (uint32_t)(k - ctx->kchs);
   k->start_ns = now;
   k->stop_ns = 0;
   k->gpu_start = ptimer;
@@ -509,7 +508,7 @@ static void emit_parent(mc_parent_t* p, int kind, uint16_t flags, int64_t off, u
   r.u.coll.root_or_peer = p->root_or_peer;
   r.u.coll.nchannels = p->nchannels;
   r.u.coll.nwarps = p->nwarps;
-  uint32_t total = atomic_load_explicit(&p->children_total, memory_order_relaxed);
+  uint32_t total = (uint32_t)(atomic_load_explicit(&p->children, memory_order_relaxed) >> 32);
   r.u.coll.nchildren = (uint16_t)(total > 0xffff ? 0xffff : total);
   memcpy(r.u.coll.func, p->func, sizeof p->func);
   memcpy(r.u.coll.algo, p->algo, sizeof p->algo);
@@ -628,7 +627,7 @@ static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_r
       continue;
     }
     uint64_t last = atomic_load_explicit(&p->last_activity_ns, memory_order_relaxed);
-    if (st == S_STOPPED && atomic_load_explicit(&p->children_active, memory_order_acquire) == 0 && now >= last &&
+    if (st == S_STOPPED && (uint32_t)atomic_load_explicit(&p->children, memory_order_acquire) == 0 && now >= last &&
         now - last >= g.linger_ns) {
       emit_parent(p, done_kind, 0, off, now_real);
       atomic_store_explicit(&p->state, S_FREE, memory_order_release);

@@ -62,6 +62,7 @@ class NativeReader:
         self._flows: dict[tuple[int, int, int], Record] = {}  # (comm, comm rank, uid) -> latest snapshot
         self._colls: dict[tuple[int, int, int, int], Record] = {}  # (comm, rank, kind, seq) -> snapshot
         self.records_read = 0
+        self._ids: dict[tuple[object, ...], int] = {}  # memoised trace / span ids (hashing dominates)
 
     @classmethod
     def open_for_pid(cls, pid: int, job_id: str, rank: int,
@@ -109,8 +110,26 @@ class NativeReader:
         m = self._maps.get(comm)
         return seq + (m.seq_offset if m else 0)
 
+    def _span_id(self, trace: int, rank: int, salt: str = "") -> int:
+        key = ("s", trace, rank, salt)
+        value = self._ids.get(key)
+        if value is None:
+            value = self._ids[key] = schema.rank_span_id(trace, rank, salt)
+        return value
+
     def _trace(self, rec: Record, parent_kind: int, is_send: bool | None = None, peer: int = -1) -> int:
         """Trace id of the collective / p2p a record belongs to (see the module docstring)."""
+        p2p = parent_kind in (ringmod.REC_P2P, ringmod.REC_P2P_DONE)
+        key = ("t", rec.comm_hash, rec.rank, rec.seq, p2p, is_send if p2p else None, peer if p2p else None,
+               rec.fields.get("uid") if rec.seq == ringmod.SEQ_UNKNOWN else None)
+        value = self._ids.get(key)
+        if value is None:
+            if len(self._ids) > 8192:
+                self._ids.clear()
+            value = self._ids[key] = self._trace_uncached(rec, parent_kind, is_send, peer)
+        return value
+
+    def _trace_uncached(self, rec: Record, parent_kind: int, is_send: bool | None, peer: int) -> int:
         comm = rec.comm_hash
         if rec.seq == ringmod.SEQ_UNKNOWN:
             pid = rec.fields.get("pid", 0)
@@ -169,8 +188,8 @@ class NativeReader:
         code, message = self._status(rec)
         return SpanRecord(
             trace_id=trace,
-            span_id=schema.rank_span_id(trace, me, NATIVE_SALT),
-            parent_span_id=schema.rank_span_id(trace, me),  # the Python-level span of this op
+            span_id=self._span_id(trace, me, NATIVE_SALT),
+            parent_span_id=self._span_id(trace, me),  # the Python-level span of this op
             name=schema.SPAN_NATIVE_COLL,
             start_ns=rec.start_ns,
             end_ns=max(rec.end_ns, rec.start_ns),
@@ -184,7 +203,7 @@ class NativeReader:
         parent_kind = int(f.get("parent_kind", 0))
         trace = self._trace(rec, parent_kind, is_send=bool(f.get("is_send")), peer=int(f.get("peer", -1)))
         me = self._my_rank(rec)
-        parent = 0 if rec.seq == ringmod.SEQ_UNKNOWN else schema.rank_span_id(trace, me, NATIVE_SALT)
+        parent = 0 if rec.seq == ringmod.SEQ_UNKNOWN else self._span_id(trace, me, NATIVE_SALT)
         return trace, schema.rank_span_id(trace, me, f"{NATIVE_SALT}:{salt}:{f.get('uid', 0)}"), parent
 
     def flow_attributes(self, rec: Record) -> dict[str, AttrValue]:

@@ -57,12 +57,18 @@ class Patcher:
         self._wrapped.clear()
 
 
+C10D_PREFIX = "torch.distributed."
+FUNCOL_PREFIX = "torch.distributed._functional_collectives."
+
+
 def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    api = C10D_PREFIX + spec.api
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if recorder.nested():
             return original(*args, **kwargs)
-        record = recorder.begin(spec, args, kwargs)
+        record = recorder.begin(spec, args, kwargs, api=api)
         if record is None:
             return original(*args, **kwargs)
         recorder.enter()
@@ -92,9 +98,8 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
             for p2p in p2p_op_list:
                 name = getattr(p2p.op, "__name__", "")
                 spec = by_api["isend" if "send" in name else "irecv"]
-                record = recorder.begin(spec, (p2p.tensor, p2p.peer, p2p.group), {}, group=p2p.group)
-                if record is not None:
-                    record.api = "torch.distributed.batch_isend_irecv"
+                record = recorder.begin(spec, (p2p.tensor, p2p.peer, p2p.group), {}, group=p2p.group,
+                                        api=C10D_PREFIX + "batch_isend_irecv")
                 records.append(record)
         except Exception:
             records = []
@@ -126,6 +131,8 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.distributed_c10d import _resolve_process_group
 
+    api = FUNCOL_PREFIX + spec.api
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if recorder.nested():
@@ -134,8 +141,7 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
         try:
             group_arg = args[spec.group[0]] if len(args) > spec.group[0] else kwargs.get("group")
             pg = _resolve_process_group(funcol._resolve_group_name(group_arg, str(kwargs.get("tag", ""))))
-            record = recorder.begin(spec, args, kwargs, group=pg,
-                                    api_prefix="torch.distributed._functional_collectives.")
+            record = recorder.begin(spec, args, kwargs, group=pg, api=api)
         except Exception as exc:
             recorder._note_error("funcol." + spec.api, exc)
         if record is None:
@@ -198,9 +204,7 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     buffer.div_(group.size())
-    record = recorder.begin(_ALL_REDUCE, (buffer,), {}, group=group)
-    if record is not None:
-        record.api = DDP_API
+    record = recorder.begin(_ALL_REDUCE, (buffer,), {}, group=group, api=DDP_API)
     recorder.enter()
     try:
         work = dist.all_reduce(buffer, group=group, async_op=True)

@@ -58,12 +58,12 @@ class OpRecord:
         self.start_ns = start_ns
         self.end_ns = 0
         self.bytes = 0
-        self.dtype = ""
+        self.dtype: Any = None  # torch.dtype, named off the hot path
         self.peer = -1
         self.src = -1
         self.dst = -1
         self.root = -1
-        self.reduce_op = ""
+        self.reduce_op: Any = None  # torch ReduceOp / str, named off the hot path
         self.async_op = False
         self.state = schema.STATE_IN_FLIGHT
         self.error = ""
@@ -72,23 +72,25 @@ class OpRecord:
         self.key = 0
 
 
-def payload_info(value: Any) -> tuple[int, str]:
-    """(bytes, dtype) of a tensor or a list of tensors; (0, "") for anything odd."""
+def payload_info(value: Any) -> tuple[int, Any]:
+    """(bytes, dtype object) of a tensor or a list of tensors; (0, None) for anything odd.
+
+    The dtype stays an object here: naming it is the background thread's job.
+    """
     try:
         if value is None:
-            return 0, ""
+            return 0, None
         if isinstance(value, list | tuple):
             total = 0
-            dtype = ""
+            dtype = None
             for item in value:
                 nbytes, item_dtype = payload_info(item)
                 total += nbytes
                 dtype = dtype or item_dtype
             return total, dtype
-        numel = value.numel()
-        return int(numel * value.element_size()), str(value.dtype).removeprefix("torch.")
+        return int(value.numel() * value.element_size()), value.dtype
     except Exception:
-        return 0, ""
+        return 0, None
 
 
 class Recorder:
@@ -139,7 +141,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ hot path
     def begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
-              group: Any = None, api_prefix: str = "torch.distributed.") -> OpRecord | None:
+              group: Any = None, api: str = "") -> OpRecord | None:
         """Record the issue of an op; None means "run it unrecorded"."""
         try:
             info = self.groups.resolve(group if group is not None else arg(args, kwargs, spec.group))
@@ -147,7 +149,7 @@ class Recorder:
                 return None
             start = _now_ns()
             if spec.is_p2p:
-                record = OpRecord(api_prefix + spec.api, spec.op, info, 0, start)
+                record = OpRecord(api or spec.api, spec.op, info, 0, start)
                 peer = arg(args, kwargs, spec.peer)
                 if peer is None:
                     group_peer = arg(args, kwargs, spec.group_peer)
@@ -159,7 +161,7 @@ class Recorder:
                     record.seq = info.next_pair_seq(record.src, record.dst)
                 record.key = info.counter()  # to measure how far this p2p op moves torch's counter
             else:
-                record = OpRecord(api_prefix + spec.api, spec.op, info, info.next_collective_seq(), start)
+                record = OpRecord(api or spec.api, spec.op, info, info.next_collective_seq(), start)
                 if spec.root[1]:
                     root = arg(args, kwargs, spec.root)
                     if root is None and spec.group_root[1]:
@@ -167,9 +169,7 @@ class Recorder:
                         root = info.ranks[group_root] if isinstance(group_root, int) else None
                     record.root = root if isinstance(root, int) else -1
             if spec.reduce_op[1]:
-                reduce_op = arg(args, kwargs, spec.reduce_op)
-                if reduce_op is not None:
-                    record.reduce_op = str(reduce_op).rsplit(".", 1)[-1].lower()
+                record.reduce_op = arg(args, kwargs, spec.reduce_op)
             if spec.payload[1]:
                 record.bytes, record.dtype = payload_info(arg(args, kwargs, spec.payload))
             record.async_op = spec.always_async or bool(arg(args, kwargs, spec.async_op, False))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from typing import Any
 
 from mycroft.instrumentation.groups import GroupInfo
 from mycroft.instrumentation.recorder import OpRecord
@@ -16,6 +17,24 @@ from mycroft.otlp import AttrValue, SpanRecord
 
 STATUS_OK = 1
 STATUS_ERROR = 2
+
+_NAMES: dict[Any, str] = {}
+
+
+def readable(value: Any) -> str:
+    """torch.float32 -> "float32", ReduceOp.SUM / RedOpType.SUM -> "sum" (cached: few distinct values)."""
+    if value is None:
+        return ""
+    try:
+        return _NAMES[value]
+    except (KeyError, TypeError):
+        pass
+    name = str(value).rsplit(".", 1)[-1]
+    try:
+        _NAMES[value] = name
+    except TypeError:
+        pass
+    return name
 
 
 def group_attributes(info: GroupInfo) -> dict[str, AttrValue]:
@@ -51,10 +70,10 @@ def op_span(record: OpRecord, job_id: str, rank: int, end_ns: int | None = None)
         schema.ATTR_TIMING: record.timing,
         **group_attributes(info),
     }
-    if record.dtype:
-        attributes[schema.ATTR_DTYPE] = record.dtype
-    if record.reduce_op:
-        attributes[schema.ATTR_REDUCE_OP] = record.reduce_op
+    if record.dtype is not None:
+        attributes[schema.ATTR_DTYPE] = readable(record.dtype)
+    if record.reduce_op is not None:
+        attributes[schema.ATTR_REDUCE_OP] = readable(record.reduce_op).lower()
     if is_p2p:
         attributes[schema.ATTR_PEER] = record.peer
         attributes[schema.ATTR_P2P_SRC] = record.src

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import socket
 import sys
@@ -47,7 +48,7 @@ class TraceFile:
 
     def write(self, path: Path, job: str) -> int:
         with self._lock:
-            mine = [record for record in self.records if record.job_id == job or record.get("mycroft.job.id") == job]
+            mine = [record for record in self.records if record.job_id == job]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(encode_json(mine)))
         return len(mine)
@@ -116,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     from mycroft.rca_service.inject import local_rca, run_one
 
     rng = random.Random(args.seed)
+    # the job inherits this: heartbeats carry the main-thread stack after 0.5 s outside communication,
+    # so the verdict can say where a rank that never entered the collective is
+    os.environ.setdefault("MYCROFT_STACK_AFTER", "0.5")
     out = Path(args.out).resolve()
     traces = TraceFile()
     print(f"mycroft demo: {args.nproc}-rank gloo training job, fault '{args.fault}' on a random rank and step")

@@ -90,3 +90,16 @@ def run_torchrun(script: Path | str, nproc: int, env: dict[str, str], *args: str
                  instrumented: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(torchrun_command(script, nproc, *args, instrumented=instrumented), env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+
+
+MIN_FULL_SUITE = 100
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A full run that collects (almost) nothing is a broken suite, not a green one."""
+    config = session.config
+    full_run = not config.args or [str(a) for a in config.args] == [str(REPO / "tests")] or config.args == ["tests"]
+    if full_run and not config.option.keyword and not config.option.markexpr and \
+            len(session.items) < MIN_FULL_SUITE:
+        raise pytest.UsageError(f"only {len(session.items)} tests collected; the suite has more than "
+                                f"{MIN_FULL_SUITE}: a collection problem")

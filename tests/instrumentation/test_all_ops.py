@@ -15,7 +15,7 @@ from tests.conftest import SpanSink, instrumented_env, run_torchrun
 
 JOB = Path(__file__).parent / "jobs" / "all_ops.py"
 WORLD = 4
-FUNCOL = "torch.distributed._functional_collectives."
+from mycroft.instrumentation.patching import FUNCOL_PREFIX as FUNCOL  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -134,9 +134,10 @@ class EmbeddedCollector:
         return env
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 20.0) -> EmbeddedCollector:
+    def start(self, timeout: float = 60.0) -> EmbeddedCollector:
         if self.proc is not None:
             raise CollectorError("already started")
+        self.stats_file.unlink(missing_ok=True)
         if len(self.exports) > 1:
             self.tee = ExportTee(self.exports).start()
         out: IO[bytes] | int
@@ -157,6 +158,12 @@ class EmbeddedCollector:
             time.sleep(0.3)
             if self.proc.poll() is not None:
                 raise CollectorError(f"rotel exited with code {self.proc.returncode} while starting")
+            # rotel holds batches until the processor module is imported (seconds on a busy
+            # machine); the processor's first stats write says it is loaded
+            while not self.stats_file.exists():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise CollectorError("the Mycroft processor did not load inside rotel")
+                time.sleep(0.05)
         except CollectorError:
             self.stop()
             raise CollectorError(f"rotel failed to start; see {self.workdir / 'rotel.out'}:\n"

@@ -20,6 +20,7 @@ Environment (set by `mycroft collector run` / EmbeddedCollector):
   MYCROFT_LOOPBACK          rotel's own OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318
   MYCROFT_PROCESSOR_CONFIG  JSON of ProcessorConfig fields
   MYCROFT_PROCESSOR_STATS   file where counters are written as JSON every second
+  MYCROFT_PROCESSOR_BUSY    share of rotel's pipeline time the adapter may use (default 0.5)
 
 rotel 0.0.1-alpha10 quirk handled here: once Python reads a span's attributes, rotel
 writes array values back in reverse order; `_restore_arrays` pre-reverses them.
@@ -48,6 +49,7 @@ import urllib.parse  # noqa: E402
 from collections import deque  # noqa: E402
 from typing import Any  # noqa: E402
 
+from mycroft.collector_processor.budget import BusyBudget  # noqa: E402
 from mycroft.collector_processor.condense import DETAIL_NAMES  # noqa: E402
 from mycroft.collector_processor.config import ProcessorConfig  # noqa: E402
 from mycroft.collector_processor.pipeline import CollectorProcessor  # noqa: E402
@@ -184,9 +186,11 @@ class Loopback:
 class RotelAdapter:
     """The edge between rotel's in-place ResourceSpans and the pure core."""
 
-    def __init__(self, config: ProcessorConfig, loopback: str, stats_file: str = "", tick_s: float = 0.05) -> None:
+    def __init__(self, config: ProcessorConfig, loopback: str, stats_file: str = "", tick_s: float = 0.05,
+                 busy_fraction: float = 0.5) -> None:
         self.counters = Counters()
-        self.core = CollectorProcessor(config, self.counters)
+        self.core = CollectorProcessor(config, self.counters, count_io=False)
+        self.budget = BusyBudget(busy_fraction)
         self.loopback = Loopback(loopback, self.counters)
         self._lock = threading.Lock()
         self._stats_file = stats_file
@@ -194,10 +198,19 @@ class RotelAdapter:
         threading.Thread(target=self._tick_loop, name="mycroft-rotel-tick", daemon=True).start()
 
     def process(self, resource_spans: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._process(resource_spans, started + self.budget.remaining())
+        finally:
+            self.budget.spend(time.perf_counter() - started)
+
+    def _process(self, resource_spans: Any, budget_deadline: float) -> None:
+        """`budget_deadline`: perf_counter() past which spans are shed instead of decoded."""
         resource_attrs: dict[str, AttrValue] | None = None
         feed: list[SpanRecord] = []
         removed: set[int] = set()
-        heartbeats = 0
+        heartbeats = seen = kept = shed_detail = unjoined = 0
+        affordable = time.perf_counter() < budget_deadline
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
             scope_name = str(scope.name) if scope is not None else ""
@@ -206,10 +219,19 @@ class RotelAdapter:
             keep: list[Any] = []
             taken = False
             for span in scope_spans.spans:
+                seen += 1
                 name = span.name
                 if name == schema.SPAN_HEARTBEAT:
                     heartbeats += 1
+                elif (name in _JOIN_NAMES or name in DETAIL_NAMES) and not affordable:
+                    # over budget: shed without decoding (detail dropped, rank spans pass unjoined)
+                    if name in DETAIL_NAMES:
+                        shed_detail += 1
+                        taken = True
+                        continue
+                    unjoined += 1
                 elif name in _JOIN_NAMES or name in DETAIL_NAMES:
+                    affordable = time.perf_counter() < budget_deadline
                     if resource_attrs is None:
                         res = resource_spans.resource
                         resource_attrs = _attributes(res.attributes, restore=True) if res is not None else {}
@@ -221,17 +243,27 @@ class RotelAdapter:
                         taken = True
                         continue
                 keep.append(span)
+            kept += len(keep)
             if taken:
                 scope_spans.spans = keep
-        if heartbeats:  # they stay in rotel's batch untouched; only counted
-            self.counters.add("heartbeats", heartbeats)
+        counters = self.counters
+        counters.add("spans_in", seen)
+        counters.add("spans_out", kept)  # what stays in rotel's batch
+        counters.add("heartbeats", heartbeats)  # untouched, only counted
+        counters.add("dropped_overload", shed_detail)
+        counters.add("unjoined_overload", unjoined)
         if not feed:
             return
         with self._lock:
             out = self.core.process(feed, time.monotonic())
         # rank spans stay in rotel's batch; only new spans and taken spans that the core
         # decided to pass after all go round the loopback
-        self.loopback.put([r for r in out.all() if r.scope == schema.PROCESSOR_SCOPE or id(r) in removed])
+        self._emit([r for r in out.all() if r.scope == schema.PROCESSOR_SCOPE or id(r) in removed])
+
+    def _emit(self, records: list[SpanRecord]) -> None:
+        if records:
+            self.counters.add("spans_out", len(records))
+            self.loopback.put(records)
 
     def _tick_loop(self) -> None:
         last_stats = 0.0
@@ -240,7 +272,7 @@ class RotelAdapter:
             try:
                 with self._lock:
                     out = self.core.tick(time.monotonic())
-                self.loopback.put(out.all())
+                self._emit(out.all())
                 now = time.monotonic()
                 if self._stats_file and now - last_stats >= 1.0:
                     last_stats = now
@@ -265,7 +297,8 @@ def _adapter_from_env() -> RotelAdapter:
     raw = os.environ.get("MYCROFT_PROCESSOR_CONFIG", "")
     config = ProcessorConfig(**json.loads(raw)) if raw else ProcessorConfig()
     loopback = os.environ.get("MYCROFT_LOOPBACK") or os.environ.get("ROTEL_OTLP_HTTP_ENDPOINT") or "127.0.0.1:4318"
-    return RotelAdapter(config, loopback, os.environ.get("MYCROFT_PROCESSOR_STATS", ""))
+    return RotelAdapter(config, loopback, os.environ.get("MYCROFT_PROCESSOR_STATS", ""),
+                        busy_fraction=float(os.environ.get("MYCROFT_PROCESSOR_BUSY", "0.5")))
 
 
 # Inside rotel (MYCROFT_LOOPBACK set by EmbeddedCollector) start at load, so the ticker

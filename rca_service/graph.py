@@ -11,7 +11,7 @@ the hung ranks, or sink cycles (deadlock).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +58,9 @@ def _p2p_blocker(job: JobState, me: RankState, op: InFlight, status: dict[int, s
 
 def build(job: JobState, status: dict[int, str], waiting: Iterable[int]) -> WaitForGraph:
     """Edges from every rank with an op in flight; analysis starts from `waiting`."""
-    g = nx.DiGraph()
-    wf = WaitForGraph(graph=g, waiting=set(waiting))
+    edges: list[tuple[Node, Node]] = []
     blockers_cache: dict[Node, list[int]] = {}
+    op_nodes: set[Node] = set()
     for rank in job.ranks.values():
         if status.get(rank.rank) != ALIVE or not rank.inflight:
             continue
@@ -69,14 +69,14 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int]) -> Wait
             if op.is_p2p:
                 src, dst = (rank.rank, op.peer) if op.op == schema.OP_SEND else (op.peer, rank.rank)
                 node: Node = ("p", op.group_id, src, dst, op.seq)
-                g.add_edge(me, node, op=op.op)
+                edges.append((me, node))
+                op_nodes.add(node)
                 if _p2p_blocker(job, rank, op, status):
-                    g.add_edge(node, rank_node(op.peer))
-                elif g.out_degree(node) == 0:
-                    wf.data_sinks.add(node)
+                    edges.append((node, rank_node(op.peer)))
                 continue
             node = ("c", op.group_id, op.seq)
-            g.add_edge(me, node, op=op.op)
+            edges.append((me, node))
+            op_nodes.add(node)
             if node in blockers_cache:
                 continue
             group = job.groups.get(op.group_id)
@@ -84,23 +84,22 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int]) -> Wait
             blockers = [m for m in members if m != rank.rank
                         and _blocks_collective(job, m, status.get(m, UNSEEN), op.group_id, op.seq)]
             blockers_cache[node] = blockers
-            for m in blockers:
-                g.add_edge(node, rank_node(m))
-            if not blockers:
-                wf.data_sinks.add(node)
-    for node in list(wf.data_sinks):
-        if g.out_degree(node):
-            wf.data_sinks.discard(node)
+            edges.extend((node, rank_node(m)) for m in blockers)
+    g = nx.DiGraph()
+    g.add_edges_from(edges)
+    wf = WaitForGraph(graph=g, waiting=set(waiting))
+    wf.data_sinks = {n for n in op_nodes if not g._succ[n]}
     return wf
 
 
 def _reachable(g: nx.DiGraph, sources: Iterable[Node]) -> set[Node]:
+    succ = g._succ
     seen: set[Node] = set()
-    todo = deque(s for s in sources if s in g)
+    todo = deque(s for s in sources if s in succ)
     seen.update(todo)
     while todo:
         node = todo.popleft()
-        for nxt in g.successors(node):
+        for nxt in succ[node]:
             if nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)
@@ -110,65 +109,96 @@ def _reachable(g: nx.DiGraph, sources: Iterable[Node]) -> set[Node]:
 @dataclass(slots=True)
 class Sink:
     nodes: list[Node]  # one node, or the members of a sink cycle
-    path: list[Node]  # a shortest wait chain from a hung rank into the sink
-    longest: list[Node]  # the longest shortest-chain: how far the blockage has spread (TP -> DP -> ...)
-    blast: int  # hung ranks that (transitively) wait on it
+    path: list[Node] = field(default_factory=list)  # a shortest wait chain from a hung rank into the sink
+    longest: list[Node] = field(default_factory=list)  # the farthest hung rank's chain: how far it spread
+    blast: int = 0  # hung ranks that wait on it (each counted for its nearest sink)
 
 
 def sinks(wf: WaitForGraph, max_sinks: int = 64) -> list[Sink]:
-    """Sink nodes and sink cycles reachable from the waiting ranks, most blocking first."""
+    """Sink nodes and sink cycles reachable from the waiting ranks, most blocking first.
+
+    O(nodes + edges): one forward sweep for what the hung ranks wait on, one reverse
+    multi-source sweep from the sinks that attributes every hung rank to its nearest sink.
+    Only nodes that reach no sink can sit in a sink cycle; networkx condenses just those.
+    """
     g = wf.graph
-    sources = [rank_node(r) for r in wf.waiting]
-    reach = _reachable(g, sources)
-    if not reach:
-        return []
-    sub = g.subgraph(reach)
-    cond = nx.condensation(sub)
-    members: dict[int, list[Hashable]] = {n: list(cond.nodes[n]["members"]) for n in cond.nodes}
-    found: list[Sink] = []
-    waiting_nodes = set(sources)
-    for comp in cond.nodes:
-        if cond.out_degree(comp):
-            continue
-        nodes = sorted(members[comp], key=str)
-        if len(nodes) == 1 and nodes[0] in waiting_nodes and g.out_degree(nodes[0]) == 0:
-            continue  # a waiting rank with nothing known to wait on
-        found.append(Sink(nodes=nodes, path=[], longest=[], blast=0))  # type: ignore[arg-type]
-    found = found[: max_sinks]
-    for sink in found:
-        sink.path, sink.longest, sink.blast = _chain(sub, set(sink.nodes), waiting_nodes)
-    found.sort(key=lambda s: (-s.blast, str(s.nodes)))
-    return found
-
-
-def _chain(g: nx.DiGraph, targets: set[Node], waiting: set[Node]) -> tuple[list[Node], list[Node], int]:
-    """Reverse BFS from a sink: the nearest and the farthest waiting rank's chains, how many wait on it."""
-    parent: dict[Node, Node | None] = {t: None for t in targets}
-    todo = deque(targets)
-    nearest: Node | None = None
-    farthest: Node | None = None
-    blast = 0
+    succ, pred = g._succ, g._pred
+    waiting = {rank_node(r) for r in wf.waiting} & set(succ)
+    reach = _reachable(g, waiting)
+    targets: list[Sink] = []
+    owner: dict[Node, int] = {}
+    for node in reach:
+        if not succ[node] and node not in waiting:
+            owner[node] = len(targets)
+            targets.append(Sink(nodes=[node]))
+    unresolved = [n for n in reach if n not in owner]
+    parent: dict[Node, Node | None] = {n: None for n in owner}
+    # cycles: reachable nodes that reach no sink node hold the sink cycles
+    reaches_sink = _reverse_closure(pred, set(owner), reach)
+    trapped = [n for n in unresolved if n not in reaches_sink]
+    if trapped:
+        sub = nx.DiGraph(g.subgraph(trapped))
+        cond = nx.condensation(sub)
+        for comp in cond.nodes:
+            if cond.out_degree(comp):
+                continue
+            members = sorted(cond.nodes[comp]["members"], key=str)
+            if len(members) == 1 and not succ[members[0]]:
+                continue
+            index = len(targets)
+            targets.append(Sink(nodes=members))
+            for m in members:
+                owner[m] = index
+                parent[m] = None
+    # reverse BFS from every sink at once: nearest-sink attribution, chains and blast
+    todo = deque(n for n in owner)
     while todo:
         node = todo.popleft()
-        if node in waiting and node not in targets:
-            blast += 1
-            farthest = node
-            if nearest is None:
-                nearest = node
-        for prev in g.predecessors(node):
-            if prev not in parent:
+        for prev in pred[node]:
+            if prev in reach and prev not in owner:
+                owner[prev] = owner[node]
                 parent[prev] = node
                 todo.append(prev)
+    nearest: dict[int, Node] = {}
+    farthest: dict[int, Node] = {}
+    blast: dict[int, int] = {}
+    order = {n: i for i, n in enumerate(owner)}  # BFS order: later = farther
+    for node in sorted(waiting & set(owner), key=order.__getitem__):
+        i = owner[node]
+        if node in targets[i].nodes:
+            continue
+        blast[i] = blast.get(i, 0) + 1
+        nearest.setdefault(i, node)
+        farthest[i] = node
+    for i, sink in enumerate(targets):
+        sink.blast = blast.get(i, 0)
+        sink.path = _walk(parent, nearest.get(i)) or sink.nodes[:1]
+        sink.longest = _walk(parent, farthest.get(i)) or sink.nodes[:1]
+    targets.sort(key=lambda s: (-s.blast, str(s.nodes)))
+    return targets[:max_sinks]
 
-    def walk(start: Node | None) -> list[Node]:
-        if start is None:
-            return list(targets)[:1]
-        path = [start]
-        while parent[path[-1]] is not None:
-            path.append(parent[path[-1]])  # type: ignore[arg-type]
-        return path
 
-    return walk(nearest), walk(farthest), blast
+def _reverse_closure(pred: Any, starts: set[Node], within: set[Node]) -> set[Node]:
+    seen = set(starts)
+    todo = deque(starts)
+    while todo:
+        node = todo.popleft()
+        for prev in pred[node]:
+            if prev in within and prev not in seen:
+                seen.add(prev)
+                todo.append(prev)
+    return seen
+
+
+def _walk(parent: dict[Node, Node | None], start: Node | None) -> list[Node]:
+    if start is None:
+        return []
+    path = [start]
+    nxt = parent.get(start)
+    while nxt is not None:
+        path.append(nxt)
+        nxt = parent.get(nxt)
+    return path
 
 
 def describe(node: Node, job: JobState) -> str:

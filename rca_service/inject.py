@@ -140,11 +140,34 @@ def job_env(rca_grpc: str, job: str, fault: str, rank: int, step: int, steps: in
     return env
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each worker in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """The job runs in its own session: continue stopped ranks, then kill the whole group."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGCONT)
-        os.killpg(proc.pid, signal.SIGKILL)
+    """Kill the launcher and every worker it started (continuing stopped ones first)."""
+    victims = [*_descendants(proc.pid), proc.pid]
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 

@@ -24,14 +24,14 @@ def resource(job: str, rank: int, world: int, pid: int | None = None) -> dict[st
 class Group:
     name: str
     ranks: tuple[int, ...]
+    id: str = field(init=False)
+    encoded: str = field(init=False)
+    index: dict[int, int] = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return schema.group_id(self.name, self.ranks)
-
-    @property
-    def encoded(self) -> str:
-        return schema.encode_ranks(self.ranks)
+    def __post_init__(self) -> None:  # computed once: a 16k-member group is hashed per span otherwise
+        self.id = schema.group_id(self.name, self.ranks)
+        self.encoded = schema.encode_ranks(self.ranks)
+        self.index = {r: i for i, r in enumerate(self.ranks)}
 
 
 def collective(job: str, rank: int, world: int, group: Group, seq: int, start: float, end: float,
@@ -45,7 +45,7 @@ def collective(job: str, rank: int, world: int, group: Group, seq: int, start: f
             schema.ATTR_SPAN_KIND: schema.KIND_COLLECTIVE, schema.ATTR_OP: op,
             schema.ATTR_GROUP_ID: group.id, schema.ATTR_GROUP_NAME: group.name,
             schema.ATTR_GROUP_SIZE: len(group.ranks), schema.ATTR_GROUP_RANKS: group.encoded,
-            schema.ATTR_GROUP_RANK: group.ranks.index(rank), schema.ATTR_SEQ: seq,
+            schema.ATTR_GROUP_RANK: group.index[rank], schema.ATTR_SEQ: seq,
             schema.ATTR_BYTES: nbytes, schema.ATTR_DTYPE: dtype, schema.ATTR_STATE: state,
         },
         resource=resource(job, rank, world),

@@ -23,13 +23,18 @@ setup() {
     .venv/bin/python -m pip install -q -e ".[collector,dev]"
     echo "$want" > "$stamp"
   fi
-  # native NCCL profiler plugin (C): rebuilt only when its sources change
+  # native NCCL profiler plugin (C): rebuilt only when its sources change (make), or built
+  # directly with the C compiler where make is missing
   if [ -f native/Makefile ]; then
-    make -s -C native >/dev/null
+    if command -v make >/dev/null; then make -s -C native >/dev/null; else .venv/bin/mycroft native build >/dev/null; fi
   fi
 }
 
 services() {
+  # make builds the sanitizer variants of the native test driver
+  if ! command -v make >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q make >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q make >/dev/null 2>&1) || true
+  fi
   # Alertmanager (Debian package) for the alerting tests; optional when not root.
   if ! command -v prometheus-alertmanager >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     (apt-get install -y -q prometheus-alertmanager >/dev/null 2>&1 \

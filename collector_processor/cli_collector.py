@@ -28,8 +28,19 @@ def _run(argv: list[str]) -> int:
     parser.add_argument("--export", action="append", required=True, metavar="ENDPOINT",
                         help="OTLP gRPC endpoint (http://host:port): the RCA service, Jaeger, Tempo...; repeat")
     parser.add_argument("--workdir", default=None, help="rotel's pid / log / stats files (default: a temp dir)")
+    parser.add_argument("--print-env", action="store_true",
+                        help="print rotel's configuration as environment variables and exit")
     add_processor_options(parser)
     args = parser.parse_args(argv)
+    if args.print_env:
+        collector = EmbeddedCollector(args.export, args.otlp_grpc, args.otlp_http, config_from_args(args))
+        if len(args.export) > 1:
+            print("mycroft collector run: rotel 0.0.1a15 exports traces to one endpoint; with several --export "
+                  "endpoints `mycroft collector run` adds a local tee, which plain rotel cannot", file=sys.stderr)
+            return 2
+        env = collector.rotel_env()
+        print("\n".join(f"{key}={value}" for key, value in env.items()))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         collector = EmbeddedCollector(args.export, args.otlp_grpc, args.otlp_http, config_from_args(args),

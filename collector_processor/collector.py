@@ -122,10 +122,28 @@ class EmbeddedCollector:
             "--log-file", str(self.log_file),
         ]
 
+    def rotel_env(self) -> dict[str, str]:
+        """The same configuration as environment variables only (otel-config/rotel/rotel.env):
+        each `rotel start` flag as its ROTEL_* variable, plus the processor's MYCROFT_* ones."""
+        env: dict[str, str] = {}
+        args = self.command()[2:]
+        i = 0
+        while i < len(args):
+            flag = args[i]
+            has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+            if flag not in ("--pid-file", "--log-file"):
+                env["ROTEL_" + flag.lstrip("-").replace("-", "_").upper()] = args[i + 1] if has_value else "true"
+            i += 2 if has_value else 1
+        env.update({k: v for k, v in self.environment().items() if k in (
+            "MYCROFT_PYTHONPATH", "MYCROFT_LOOPBACK")})
+        return env
+
     def environment(self) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items() if not key.startswith("ROTEL_")}
         # rotel's embedded CPython is the system one: give it this interpreter's packages
-        paths = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+        # (site directories only: its own standard library must stay its own)
+        paths = [*site.getsitepackages(), site.getusersitepackages(),
+                 *(p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")))]
         env["MYCROFT_PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p and os.path.isdir(p)))
         host, port = split_host_port(self.otlp_http)
         env["MYCROFT_LOOPBACK"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"

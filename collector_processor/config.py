@@ -15,11 +15,13 @@ COLLECTOR_OTLP_HTTP: Final = "127.0.0.1:4318"
 # The standalone processor service (`mycroft processor serve`), one hop behind a collector.
 PROCESSOR_OTLP_GRPC: Final = "127.0.0.1:14317"
 PROCESSOR_OTLP_HTTP: Final = "127.0.0.1:14318"
-# Where a gateway collector receives the processor's output back (otel-config/gateway.yaml).
-GATEWAY_PROCESSED_OTLP_GRPC_PORT: Final = 24317
-# The RCA service's OTLP gRPC port (`mycroft rca serve` default); the demo exports here.
-RCA_OTLP_GRPC_PORT: Final = 4327
-RCA_OTLP_GRPC: Final = f"http://127.0.0.1:{RCA_OTLP_GRPC_PORT}"
+# Where an otelcol-contrib collector receives the processor's output back (otel-config/otelcol).
+PROCESSED_OTLP_GRPC_PORT: Final = 24317
+# The RCA service's OTLP gRPC port: `mycroft rca serve`'s default, on its own host ...
+RCA_OTLP_GRPC_PORT: Final = 4317
+# ... and where it listens when it shares a host with a collector that owns 4317
+RCA_SHARED_HOST_OTLP_GRPC_PORT: Final = 4327
+RCA_SHARED_HOST_OTLP_HTTP_PORT: Final = 4328
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,8 @@ def job_env(rca_grpc: str, job: str, fault: str, rank: int, step: int, steps: in
         MYCROFT_HEARTBEAT_INTERVAL=str(heartbeat), MYCROFT_FAULT=fault, MYCROFT_FAULT_RANK=str(rank),
         MYCROFT_FAULT_STEP=str(step), MYCROFT_FAULT_STEPS=str(steps), MYCROFT_FAULT_ONSET_FILE=onset_file,
         MYCROFT_FAULT_STEP_S=str(step_s),
+        # the stack of a rank outside communication is the evidence for "not entered": send it early
+        MYCROFT_STACK_AFTER=os.environ.get("MYCROFT_STACK_AFTER", "0.3"),
     )
     return env
 

@@ -138,6 +138,13 @@ def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisC
     return ALIVE
 
 
+def _op_members(job: JobState, node: wfg.Node) -> list[int]:
+    if node[0] == "c":
+        group = job.groups.get(node[1])
+        return list(group.ranks) if group is not None else []
+    return [node[2], node[3]]
+
+
 def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
                   now: float, cfg: AnalysisConfig) -> Finding | None:
     wf = wfg.build(job, status, hung)
@@ -170,12 +177,20 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
             sink_status = decided
             rc = _rank_evidence(job, node[1], sink_status, now, cfg)
         else:
+            members = _op_members(job, node)
+            if not members:
+                continue  # an op of a group we know nothing about convicts nobody
+            if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg) is None
+                   for m in members):
+                return None  # a member just went quiet: it may be dead rather than the link; wait
             rc = _data_sink_cause(job, node)
         rc.evidence["wait_chain"] = chain
         rc.evidence["longest_wait_chain"] = " -> ".join(wfg.describe(n, job) for n in sink.longest)
         rc.evidence["blocked_ranks"] = sink.blast
         causes.append(rc)
     # order: most blocking first; among lost ranks, the first to go silent first
+    if not causes:
+        return None
     causes.sort(key=lambda rc: (-int(rc.evidence.get("blocked_ranks", 0)),
                                 job.ranks[rc.rank].last_hb_at if rc.rank in job.ranks else 0.0))
     summary = wfg.summary(wf, found, job)

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from mycroft import schema
-from mycroft.otlp import SpanRecord, encode_json
 from mycroft.rca_service import cli
 from mycroft.rca_service.flight_recorder import dump_to_records
 from mycroft.rca_service.offline import replay
 from mycroft.rca_service.synthetic import StepJob
+
+from mycroft import schema
+from mycroft.otlp import SpanRecord, encode_json
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = Path(__file__).parent / "jobs"

@@ -24,7 +24,7 @@ def dump_then_exit(rank: int) -> None:
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 t = torch.ones(1024)
-for step in range(1, 6):
+for _step in range(1, 6):
     dist.all_reduce(t)
 threading.Thread(target=dump_then_exit, args=(rank,), daemon=True).start()
 if rank == 1:

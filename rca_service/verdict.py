@@ -98,30 +98,34 @@ def _data_sink_cause(job: JobState, node: wfg.Node) -> RootCause:
         evidence = {"text": text, "src": node[2], "dst": node[3], "seq": node[4]}
     flows = _classify_flows(job, node)
     if flows:
-        evidence["flows"] = flows
+        evidence["flows"] = flows.get("flows", [])
         culprit = flows.get("rank")
         if isinstance(culprit, int):
+            evidence["text"] = f"{flows.get('text', '')} (flow state {flows.get('state')}, {flows.get('side')} side)"
+            evidence["flow_state"] = flows.get("state")
+            evidence["suspect_side"] = flows.get("side")
             return RootCause(culprit, RC_LINK, evidence)
     return RootCause(None, RC_LINK, evidence)
 
 
 def _classify_flows(job: JobState, node: wfg.Node) -> dict[str, Any]:
-    """Native per-flow counters, when present, localise a data stall (flow_state.py)."""
-    try:  # flow_state.py is written by the native-plugin work; optional here
-        flow_state = importlib.import_module(f"{__package__}.flow_state")
-    except ImportError:
-        return {}
-    classify = getattr(flow_state, "classify_flows", None)
-    if classify is None:
-        return {}
+    """Native per-flow counters, when present, localise a data stall (the paper's state table)."""
     per_rank = {r.rank: r.flows for r in job.ranks.values() if r.flows}
     if not per_rank:
         return {}
+    try:  # flow_state.py belongs to the native-plugin work; degrade to "link" if it is absent
+        flow_state = importlib.import_module(f"{__package__}.flow_state")
+    except ImportError:
+        return {}
+    members = set(_op_members(job, node))
+    if members:
+        per_rank = {r: attrs for r, attrs in per_rank.items() if r in members} or per_rank
     try:
-        result = classify(per_rank)
-    except Exception as exc:  # never let an optional refinement break the verdict
+        findings = flow_state.classify_flows(per_rank)
+        summary = flow_state.summarize(findings)
+    except Exception as exc:  # an optional refinement must never break the verdict
         return {"error": f"classify_flows failed: {exc}"}
-    return result if isinstance(result, dict) else {"states": result}
+    return dict(summary) if isinstance(summary, dict) else {}
 
 
 def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig) -> str | None:

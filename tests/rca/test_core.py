@@ -249,3 +249,26 @@ def test_restarted_rank_starts_over() -> None:
     again.resource[schema.RES_PROCESS_PID] = 4242
     apply_records(jobs, [again], 4.0, CFG)
     assert jobs["a"].ranks[0].completed[group.id] == 1
+
+
+def _flows(peer: int, send: bool, posted: int, g: int, t: int, d: int) -> dict[str, object]:
+    return {schema.ATTR_HB_FLOW_COMMS: ["00000000000000aa"], schema.ATTR_HB_FLOW_SEQS: [7],
+            schema.ATTR_HB_FLOW_CHANNELS: [0], schema.ATTR_HB_FLOW_PEERS: [peer], schema.ATTR_HB_FLOW_SENDS: [send],
+            schema.ATTR_HB_FLOW_STEPS: [8], schema.ATTR_HB_FLOW_POSTED: [posted], schema.ATTR_HB_FLOW_GPU_READY: [g],
+            schema.ATTR_HB_FLOW_TRANSMITTED: [t], schema.ATTR_HB_FLOW_DONE: [d], schema.ATTR_HB_FLOW_AGES_S: [3.0]}
+
+
+def test_native_flow_counters_localise_a_data_stall() -> None:
+    """Everyone issued; the sender has data the receiver never posted a buffer for: the receiver."""
+    jobs: dict[str, JobState] = {}
+    pair = Group("0", (0, 1))
+    t = 20.0
+    hbs = [heartbeat("job", r, 2, t, 1, [pair], [7], [6], [InFlightOp(pair, 7, age_s=3.0)]) for r in (0, 1)]
+    hbs[0].attributes.update(_flows(1, True, 3, 3, 2, 2))
+    hbs[1].attributes.update(_flows(0, False, 2, 2, 2, 2))
+    apply_records(jobs, hbs, t, CFG)
+    finding = analyze_job(jobs["job"], t + 0.1, CFG)[0]
+    top = finding.root_causes[0]
+    assert finding.kind == "hang" and top.kind == "link"
+    assert top.rank == 1 and top.evidence["suspect_side"] == "recv"
+    assert "receiver not ready" in top.evidence["text"]

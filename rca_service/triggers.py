@@ -60,11 +60,22 @@ def hang_threshold(job: JobState, cfg: AnalysisConfig) -> float:
     return min(cfg.hang_max_s, max(cfg.hang_min_s, cfg.hang_factor * p95))
 
 
-def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: float) -> dict[int, float]:
-    """Alive ranks with an op in flight longer than the threshold -> that op's age."""
+def late(rank: RankState, now: float, cfg: AnalysisConfig) -> bool:
+    """Missed a heartbeat: what it last said may no longer hold (it may be dead)."""
+    return bool(rank.last_hb_at) and now - rank.last_hb_at > cfg.suspect_intervals * rank.hb_interval \
+        + cfg.suspect_slack_s
+
+
+def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: float,
+               cfg: AnalysisConfig) -> dict[int, float]:
+    """Alive ranks with an op in flight longer than the threshold -> that op's age.
+
+    A rank that missed its heartbeat is not counted: its in-flight age is an extrapolation
+    from a snapshot that a dead process can no longer correct.
+    """
     hung: dict[int, float] = {}
     for rank_id, rank in job.ranks.items():
-        if status.get(rank_id) != ALIVE or not rank.inflight:
+        if status.get(rank_id) != ALIVE or not rank.inflight or late(rank, now, cfg):
             continue
         age = max(op.age_at(now) for op in rank.inflight)
         if age > threshold:

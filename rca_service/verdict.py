@@ -281,7 +281,7 @@ def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]
     if mismatch is not None:
         return [mismatch]
     threshold = hang_threshold(job, cfg)
-    hung = hung_ranks(job, status, now, threshold)
+    hung = hung_ranks(job, status, now, threshold, cfg)
     if hung:
         hang = _hang_finding(job, status, hung, threshold, now, cfg)
         if hang is not None:

@@ -272,3 +272,21 @@ def test_native_flow_counters_localise_a_data_stall() -> None:
     assert finding.kind == "hang" and top.kind == "link"
     assert top.rank == 1 and top.evidence["suspect_side"] == "recv"
     assert "receiver not ready" in top.evidence["text"]
+
+
+def test_a_dead_ranks_stale_in_flight_op_is_not_a_link_stall() -> None:
+    """SIGKILL right after a heartbeat that showed an op in flight which the others then completed."""
+    jobs: dict[str, JobState] = {}
+    world = Group("0", (0, 1, 2, 3))
+    t = 30.0
+    hbs = [heartbeat("job", r, 4, t, 1, [world], [18], [18]) for r in (0, 2, 3)]
+    hbs.append(heartbeat("job", 1, 4, t, 1, [world], [18], [17], [InFlightOp(world, 18, age_s=0.7)]))
+    apply_records(jobs, hbs, t, CFG)
+    later = [heartbeat("job", r, 4, t + 0.5, 2, [world], [18], [18]) for r in (0, 2, 3)]
+    apply_records(jobs, later, t + 0.5, CFG)
+    # 0.9 s on, the extrapolated age passes 1 s, but rank 1 is late: no verdict on a stale snapshot
+    assert analyze_job(jobs["job"], t + 0.9, CFG) == []
+    apply_records(jobs, [heartbeat("job", r, 4, t + 1.5, 3, [world], [18], [18]) for r in (0, 2, 3)], t + 1.5, CFG)
+    [finding] = analyze_job(jobs["job"], t + 1.6, CFG)
+    assert finding.kind == "crash" and finding.root_causes[0].rank == 1
+    assert finding.root_causes[0].kind == "process_lost"

@@ -60,6 +60,10 @@ def _serve(argv: list[str]) -> int:
                         help="OTLP gRPC endpoint to send to (http://host:port); repeat to fan out")
     parser.add_argument("--metrics", default="", metavar="HOST:PORT",
                         help="serve Prometheus counters on http://HOST:PORT/metrics")
+    parser.add_argument("--max-backlog", type=int, default=50_000, metavar="N",
+                        help="spans queued for the core before it sheds (default %(default)s)")
+    parser.add_argument("--max-export-queue", type=int, default=50_000, metavar="N",
+                        help="spans queued per endpoint and lane before export drops (default %(default)s)")
     parser.add_argument("--log-level", default="INFO")
     add_processor_options(parser)
     args = parser.parse_args(argv)
@@ -68,7 +72,8 @@ def _serve(argv: list[str]) -> int:
 
     try:
         service = ProcessorService(args.otlp_grpc or None, args.otlp_http or None, args.export,
-                                   config_from_args(args), metrics=args.metrics or None)
+                                   config_from_args(args), metrics=args.metrics or None,
+                                   max_queue_spans=args.max_export_queue, max_backlog_spans=args.max_backlog)
     except (OSError, ValueError) as exc:
         print(f"mycroft processor serve: {exc}", file=sys.stderr)
         return 2

@@ -150,7 +150,7 @@ class ProcessorService:
 
     def __init__(self, otlp_grpc: str | None, otlp_http: str | None, exports: Sequence[str],
                  config: ProcessorConfig | None = None, metrics: str | None = None,
-                 tick_s: float = 0.05, max_queue_spans: int = 100_000, max_backlog_spans: int = 50_000,
+                 tick_s: float = 0.05, max_queue_spans: int = 50_000, max_backlog_spans: int = 50_000,
                  max_concurrent_rpcs: int = 64) -> None:
         self.counters = Counters()
         self.fanout = Fanout(exports, self.counters, max_queue_spans=max_queue_spans)

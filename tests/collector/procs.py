@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import BIN, REPO, free_port
@@ -98,3 +100,36 @@ def rss_kib(pid: int) -> int:
         except OSError:
             continue
     return total
+
+
+@contextmanager
+def rca_service(workdir: str, forward: str | None = None) -> Iterator[dict[str, Any]]:
+    """The real RCA service (`mycroft rca serve`) on free ports; `forward`: its tee of what it received
+    (host:port, OTLP gRPC). Yields {"otlp_grpc": endpoint, "api": base URL}."""
+    grpc_port, http_port, api_port = free_port(), free_port(), free_port()
+    command = [str(BIN / "mycroft"), "rca", "serve", "--otlp-grpc", f"127.0.0.1:{grpc_port}",
+               "--otlp-http", f"127.0.0.1:{http_port}", "--http", f"127.0.0.1:{api_port}",
+               "--db", os.path.join(workdir, "rca.db")]
+    if forward:
+        command += ["--forward", forward]
+    log = open(os.path.join(workdir, "rca.log"), "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=str(REPO))
+    api = f"http://127.0.0.1:{api_port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/healthz", timeout=1).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"RCA service did not start: {Path(log.name).read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        yield {"otlp_grpc": f"http://127.0.0.1:{grpc_port}", "api": api}
+    finally:
+        stop(proc)
+        log.close()
+
+
+def api_get(url: str) -> Any:
+    return json.loads(urllib.request.urlopen(url, timeout=5).read())

@@ -1,8 +1,11 @@
-"""End to end with real processes: instrumented gloo ranks -> processor -> downstream.
+"""End to end with real processes: instrumented gloo ranks -> processor -> RCA service.
 
-The downstream is an OTLP receiver standing in for the RCA service (and a second one
-for Jaeger/Tempo, to check fan-out). Rank 2 sleeps before one all_reduce: that
-collective's summary must name rank 2 last, with the skew the rank spans show.
+    torchrun (4 instrumented gloo ranks) -> rotel + processor  -> `mycroft rca serve` (--forward -> sink)
+                                         or processor service  -> a second receiver (Jaeger / Tempo stand-in)
+
+Rank 2 sleeps before one all_reduce: the summary of that collective, as the RCA service
+received it (its --forward tee), must name rank 2 last with the skew the rank spans show;
+the RCA service must have folded the job's spans and heartbeats into its live state.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 from mycroft import schema
 from mycroft.otlp import SpanRecord
 from mycroft.otlp_server import OtlpReceiver
-from tests.collector.procs import embedded_collector, processor_service
+from tests.collector.procs import api_get, embedded_collector, processor_service, rca_service
 from tests.conftest import SpanSink, instrumented_env, run_torchrun
 
 pytestmark = pytest.mark.slow
@@ -24,11 +27,13 @@ DELAY = 0.6
 
 
 @pytest.fixture
-def two_sinks() -> Iterator[tuple[SpanSink, str, SpanSink, str]]:
-    rca, jaeger = SpanSink(), SpanSink()
-    receivers = [OtlpReceiver(rca, "127.0.0.1:0", None).start(), OtlpReceiver(jaeger, "127.0.0.1:0", None).start()]
+def rca_and_jaeger(tmp_path: Path) -> Iterator[tuple[dict[str, str], SpanSink, SpanSink, str]]:
+    """(real RCA service, what the RCA service received, Jaeger stand-in sink, its endpoint)."""
+    received, jaeger = SpanSink(), SpanSink()
+    receivers = [OtlpReceiver(received, "127.0.0.1:0", None).start(), OtlpReceiver(jaeger, "127.0.0.1:0", None).start()]
     try:
-        yield rca, f"http://127.0.0.1:{receivers[0].grpc_port}", jaeger, f"http://127.0.0.1:{receivers[1].grpc_port}"
+        with rca_service(str(tmp_path), forward=f"127.0.0.1:{receivers[0].grpc_port}") as rca:
+            yield rca, received, jaeger, f"http://127.0.0.1:{receivers[1].grpc_port}"
     finally:
         for receiver in receivers:
             receiver.stop(0)
@@ -80,21 +85,30 @@ def _done(job: str) -> object:
     return lambda spans: sum(1 for s in spans if s.name == schema.SPAN_COLLECTIVE_SUMMARY and s.job_id == job) >= 7
 
 
-def test_ranks_through_rotel_with_the_processor(two_sinks: tuple[SpanSink, str, SpanSink, str]) -> None:
-    rca, rca_endpoint, jaeger, jaeger_endpoint = two_sinks
-    with embedded_collector(rca_endpoint, jaeger_endpoint, args=("--linger", "0.2")) as (_, ready):
+def _check_rca_state(api: str, job: str) -> None:
+    (state,) = [j for j in api_get(f"{api}/api/v1/jobs") if j["job"] == job]
+    assert state["ranks_seen"] == 4 and state["heartbeats"] > 0 and state["completions"] > 0, state
+
+
+def test_ranks_through_rotel_with_the_processor_to_the_rca_service(
+        rca_and_jaeger: tuple[dict[str, str], SpanSink, SpanSink, str]) -> None:
+    rca, received, jaeger, jaeger_endpoint = rca_and_jaeger
+    with embedded_collector(rca["otlp_grpc"], jaeger_endpoint, args=("--linger", "0.2")) as (_, ready):
         _run_job(ready["grpc_port"], "e2e-rotel")
-        assert rca.wait_for(_done("e2e-rotel"), 30), [s.name for s in rca.snapshot()]
+        assert received.wait_for(_done("e2e-rotel"), 30), [s.name for s in received.snapshot()]
         assert jaeger.wait_for(_done("e2e-rotel"), 10)
-    _check_straggler_summary(rca.snapshot(), "e2e-rotel")
+    _check_straggler_summary(received.snapshot(), "e2e-rotel")
     _check_straggler_summary(jaeger.snapshot(), "e2e-rotel")
+    _check_rca_state(rca["api"], "e2e-rotel")
 
 
-def test_ranks_through_the_standalone_service(two_sinks: tuple[SpanSink, str, SpanSink, str]) -> None:
-    rca, rca_endpoint, jaeger, jaeger_endpoint = two_sinks
-    with processor_service(rca_endpoint, jaeger_endpoint, args=("--linger", "0.2")) as (_, ready):
+def test_ranks_through_the_standalone_service_to_the_rca_service(
+        rca_and_jaeger: tuple[dict[str, str], SpanSink, SpanSink, str]) -> None:
+    rca, received, jaeger, jaeger_endpoint = rca_and_jaeger
+    with processor_service(rca["otlp_grpc"], jaeger_endpoint, args=("--linger", "0.2")) as (_, ready):
         _run_job(ready["otlp_grpc"], "e2e-service")
-        assert rca.wait_for(_done("e2e-service"), 30), [s.name for s in rca.snapshot()]
+        assert received.wait_for(_done("e2e-service"), 30), [s.name for s in received.snapshot()]
         assert jaeger.wait_for(_done("e2e-service"), 10)
-    _check_straggler_summary(rca.snapshot(), "e2e-service")
+    _check_straggler_summary(received.snapshot(), "e2e-service")
     _check_straggler_summary(jaeger.snapshot(), "e2e-service")
+    _check_rca_state(rca["api"], "e2e-service")

@@ -168,7 +168,8 @@ def _check(result: dict[str, Any]) -> None:
 
 def test_service_under_flood(light_sink: tuple[LightSink, str]) -> None:
     sink, endpoint = light_sink
-    with processor_service(endpoint, args=CAPS) as (proc, ready):
+    with processor_service(endpoint, args=(*CAPS, "--max-backlog", "5000", "--max-export-queue", "10000")) as (
+            proc, ready):
         result = _run_flood(ready["otlp_grpc"], proc.pid, sink)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{ready['metrics']}/metrics", timeout=5).read().decode()
     _check(result)

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -113,14 +114,19 @@ def bench_deployment(mode: str, batches: list[list[SpanRecord]], expected_summar
     sink = Counting()
     receiver = OtlpReceiver(sink, "127.0.0.1:0", None).start()
     export = f"http://127.0.0.1:{receiver.grpc_port}"
+    workdir = tempfile.mkdtemp(prefix="mycroft-bench-")
+    env = dict(os.environ)
     if mode == "service":
         command = [str(BIN / "mycroft"), "processor", "serve", "--otlp-grpc", "127.0.0.1:0", "--otlp-http", "",
-                   "--export", export, "--linger", "0.05", "--log-level", "WARNING"]
+                   "--export", export, "--linger", "0.05", "--log-level", "WARNING",
+                   "--max-backlog", str(10 ** 7)]  # measure capacity: no shedding
     else:
         grpc_port, http_port = free_port(), free_port()
         command = [str(BIN / "mycroft"), "collector", "run", "--otlp-grpc", f"127.0.0.1:{grpc_port}",
-                   "--otlp-http", f"127.0.0.1:{http_port}", "--export", export, "--linger", "0.05"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   "--otlp-http", f"127.0.0.1:{http_port}", "--export", export, "--linger", "0.05",
+                   "--workdir", workdir]
+        env["MYCROFT_PROCESSOR_BUSY"] = "1.0"  # measure capacity: no shedding
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         ready = _ready(proc)
         port = ready["otlp_grpc"] if mode == "service" else grpc_port
@@ -136,16 +142,21 @@ def bench_deployment(mode: str, batches: list[list[SpanRecord]], expected_summar
         while sink.summaries < expected_summaries and time.monotonic() < deadline:
             time.sleep(0.005)
         seconds = time.perf_counter() - t0
-        return {"spans_in": len(flat), "spans_out": sink.count, "summaries": sink.summaries,
-                "seconds": round(seconds, 3), "accept_seconds": round(sent_s, 3),
-                "spans_per_s": round(len(flat) / seconds), "complete": sink.summaries >= expected_summaries}
+        result = {"spans_in": len(flat), "spans_out": sink.count, "summaries": sink.summaries,
+                  "seconds": round(seconds, 3), "accept_seconds": round(sent_s, 3),
+                  "spans_per_s": round(len(flat) / seconds), "complete": sink.summaries >= expected_summaries}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.communicate(timeout=20)
+            out, _ = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+            out = ""
         receiver.stop(0)
+    stopped = [json.loads(line) for line in out.splitlines() if line.startswith("{") and '"stopped"' in line]
+    counters = stopped[-1].get("counters", {}) if stopped else {}
+    result["shed"] = {k: v for k, v in counters.items() if k.startswith("dropped_") or k == "unjoined_overload"}
+    return result
 
 
 def main() -> int:

@@ -11,6 +11,9 @@ Driven by environment variables (the harness sets them):
   MYCROFT_FAULT_STEP_S simulated compute per step, seconds (default 0.05)
   MYCROFT_FAULT_SLOW   straggler compute factor (default 2.5)
   MYCROFT_FAULT_ONSET_FILE  where the faulty rank writes {"fault", "rank", "step", "onset"} (unix s)
+  MYCROFT_FAULT_ACK_FILE    "external" faults (network): the faulty rank writes the onset file, then
+                            waits until the harness has applied the fault and written this file
+  MYCROFT_FAULT_NUMEL  elements of the float32 tensor all-reduced each step (default 1024)
 
 Layouts: "dp" all-reduces in the world group each step; "tpdp" (chain, and any job of
 >= 4 even ranks asking for it) all-reduces in a TP pair then a DP pair, like a 2x2
@@ -26,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-FAULTS = ("none", "block", "sigkill", "sigstop", "straggler", "mismatch", "mismatch_size", "deadlock", "chain")
+FAULTS = ("none", "block", "sigkill", "sigstop", "straggler", "mismatch", "mismatch_size", "deadlock", "chain",
+          "external")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -76,7 +80,7 @@ def main() -> int:
                 g = dist.new_group(members)
                 if rank in members:
                     dp_group = g
-    grad = torch.ones(1024)
+    grad = torch.ones(_env_int("MYCROFT_FAULT_NUMEL", 1024))
     partner = rank ^ 1 if rank ^ 1 < world else rank
 
     for step in range(1, steps + 1):
@@ -92,6 +96,12 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif here and fault == "straggler":
             _write_onset(onset_file, fault, rank, step)
+        elif here and fault == "external":
+            _write_onset(onset_file, fault, rank, step)
+            ack = os.environ.get("MYCROFT_FAULT_ACK_FILE", "")
+            deadline = time.time() + 10
+            while ack and not os.path.exists(ack) and time.time() < deadline:
+                time.sleep(0.005)
         straggling = fault == "straggler" and rank == fault_rank and step >= fault_step
         time.sleep(step_s * (slow if straggling else 1.0))
         grad.mul_(0.5).add_(1.0)  # a sliver of real work on the tensor we reduce
@@ -117,7 +127,7 @@ def main() -> int:
             dist.broadcast(grad, src=0)  # the others all_reduce at this seq
         elif here and fault == "mismatch_size":
             _write_onset(onset_file, fault, rank, step)
-            dist.all_reduce(torch.ones(2048))
+            dist.all_reduce(torch.ones(2 * grad.numel()))
         else:
             dist.all_reduce(grad)
     dist.barrier()

@@ -43,10 +43,13 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "mismatch": ({"mismatch"}, {"mismatch"}),
     "mismatch_size": ({"mismatch", "crash"}, {"mismatch"}),
     "deadlock": ({"deadlock"}, {"deadlock"}),
+    "linkdown": ({"hang", "crash"}, {"process_lost", "link"}),
+    "throttle": ({"slowdown"}, {"communication", "straggler"}),
     "none": (set(), set()),
 }
 MATRIX = ("block", "sigkill", "sigstop", "straggler", "mismatch", "deadlock", "chain", "none")
 MIN_NPROC = {"chain": 4, "mismatch": 3, "mismatch_size": 3}
+NET_FAULTS = ("linkdown", "throttle")  # rca_service/netfault.py: namespaces, ip link, tc
 
 
 @dataclass
@@ -93,17 +96,17 @@ class RemoteRca:
 
 
 @contextlib.contextmanager
-def local_rca(db_dir: str | None = None, **options: Any) -> Iterator[Any]:
-    """An in-process RCA service on free ports with a temporary database."""
+def local_rca(db_dir: str | None = None, host: str = "127.0.0.1", **options: Any) -> Iterator[Any]:
+    """An in-process RCA service on free ports of `host` with a temporary database."""
     from .service import RcaService, ServiceOptions
 
     tmp = tempfile.mkdtemp(prefix="mycroft-rca-") if db_dir is None else db_dir
-    service = RcaService(ServiceOptions(otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", http="127.0.0.1:0",
+    service = RcaService(ServiceOptions(otlp_grpc=f"{host}:0", otlp_http=f"{host}:0", http=f"{host}:0",
                                         db=os.path.join(tmp, "incidents.db"), tick_s=0.1, **options)).start()
 
     class Local:
-        otlp_grpc = f"127.0.0.1:{service.receiver.grpc_port}"
-        api = f"http://127.0.0.1:{service.api.port}"
+        otlp_grpc = f"{host}:{service.receiver.grpc_port}"
+        api = f"http://{host}:{service.api.port}"
 
         def incidents(self, job: str) -> list[dict[str, Any]]:
             return service.store.list_incidents(1000, job)
@@ -189,6 +192,8 @@ def score(fault: str, rank: int, onset: float, incidents: list[dict[str, Any]]) 
     if fault == "deadlock":
         ranks = {c["rank"] for c in causes if c["kind"] == "deadlock"}
         ok = first["kind"] in kinds and rank in ranks
+    elif fault == "throttle":  # a slower link, not a rank: "communication" names no rank
+        ok = first["kind"] in kinds and (top["kind"] == "communication" or top["rank"] == rank)
     else:
         ok = first["kind"] in kinds and top["rank"] == rank and top["kind"] in rc_kinds
     return first, ok, len(before)
@@ -212,6 +217,8 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
     onset_file = os.path.join(work, "onset.json")
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    if fault in NET_FAULTS:
+        return _run_net(rca, fault, nproc, rank, step, heartbeat, step_s, timeout_s, log_dir, result)
     log_path = os.path.join(log_dir or work, f"{job}.log")
     env = job_env(rca.otlp_grpc, job, fault, rank, step, steps, onset_file, heartbeat, step_s)
     started = time.time()
@@ -262,6 +269,28 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _run_net(rca: Rca, fault: str, nproc: int, rank: int, step: int, heartbeat: float, step_s: float,
+             timeout_s: float, log_dir: str | None, result: RunResult) -> RunResult:
+    """Ranks in network namespaces; an in-process service is re-bound on the bridge for them."""
+    from . import netfault
+
+    why = netfault.available()
+    if why:
+        result.note = f"skipped: network faults {why}"
+        return result
+    started = time.time()
+    with netfault.topology(nproc) as topo:
+        if isinstance(rca, RemoteRca):
+            result = netfault.run_net(rca, fault, nproc, rank, step, heartbeat, step_s, timeout_s, log_dir,
+                                      result, topo)
+        else:
+            with local_rca(host=topo.gateway) as bridged:
+                result = netfault.run_net(bridged, fault, nproc, rank, step, heartbeat, step_s, timeout_s,
+                                          log_dir, result, topo)
+    result.wall_s = time.time() - started
+    return result
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -292,7 +321,9 @@ def table(results: list[RunResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mycroft inject", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fault", default="block", help=f"one of {', '.join(EXPECTED)}, or 'all' (the matrix)")
+    parser.add_argument("--fault", default="block",
+                        help=f"one of {', '.join(EXPECTED)}; 'all' (the process-level matrix); "
+                        "'net' (network faults, root)")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--rank", type=int, help="faulty rank (random by default)")
     parser.add_argument("--step", type=int, help="fault step (random in 20..35 by default)")
@@ -306,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", help="keep the jobs' logs here")
     parser.add_argument("--json", metavar="FILE", help="write every run's result here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    faults = list(MATRIX) if args.fault == "all" else args.fault.split(",")
+    faults = list(MATRIX) if args.fault == "all" else list(NET_FAULTS) if args.fault == "net" else \
+        args.fault.split(",")
     unknown = [f for f in faults if f not in EXPECTED]
     if unknown:
         parser.error(f"unknown fault(s) {unknown}; one of {', '.join(EXPECTED)}")

@@ -227,10 +227,10 @@ ANOMALY_SLOW: Final = "slow"
 # Flow summary span (one per rank, channel, peer and direction of a collective)
 ATTR_FLOW_SUM_RAW_SPANS: Final = "mycroft.flow_summary.raw_spans"  # native detail spans condensed
 ATTR_FLOW_SUM_STEPS: Final = "mycroft.flow_summary.steps"  # proxy steps observed
-ATTR_FLOW_SUM_STEP_MEAN_S: Final = "mycroft.flow_summary.step_mean_s"
-ATTR_FLOW_SUM_STEP_MAX_S: Final = "mycroft.flow_summary.step_max_s"
-ATTR_FLOW_SUM_BYTES: Final = "mycroft.flow_summary.bytes"  # steps * chunk size
-ATTR_FLOW_SUM_GBPS: Final = "mycroft.flow_summary.gbps"
+ATTR_FLOW_SUM_STEP_MEAN_S: Final = "mycroft.flow_summary.step_mean_s"  # mean proxy-step duration
+ATTR_FLOW_SUM_STEP_MAX_S: Final = "mycroft.flow_summary.step_max_s"  # longest proxy-step duration
+ATTR_FLOW_SUM_BYTES: Final = "mycroft.flow_summary.bytes"  # completed steps * chunk size
+ATTR_FLOW_SUM_GBPS: Final = "mycroft.flow_summary.gbps"  # flow throughput: bytes / (last end - first start)
 
 # Instrumentation scope of every span the collector processor emits (summaries, kept detail):
 # a processor passes spans of this scope through untouched, so chained or looped-back

@@ -10,13 +10,14 @@ zero false alarms on healthy runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from mycroft.rca_service.inject import MATRIX, _pct, local_rca, run_one, table
+from mycroft.rca_service.inject import MATRIX, NET_FAULTS, _pct, interruptible, local_rca, run_one, table
 
 
 def main() -> int:
@@ -28,13 +29,17 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", help="write every run here")
     parser.add_argument("--log-dir", help="keep job logs here")
+    parser.add_argument("--net", action="store_true", help="also the network faults (root: namespaces, tc)")
     args = parser.parse_args()
+    parser_faults = args.faults.split(",") + (list(NET_FAULTS) if args.net else [])
     rng = random.Random(args.seed)
     results = []
-    with local_rca() as rca:
-        for fault in args.faults.split(","):
+    interruptible()
+    with local_rca() as rca, contextlib.suppress(KeyboardInterrupt):
+        for fault in parser_faults:
             for _ in range(args.runs):
-                r = run_one(rca, fault, nproc=args.nproc, heartbeat=args.heartbeat, rng=rng, log_dir=args.log_dir)
+                nproc = 3 if fault in NET_FAULTS else args.nproc
+                r = run_one(rca, fault, nproc=nproc, heartbeat=args.heartbeat, rng=rng, log_dir=args.log_dir)
                 results.append(r)
                 print(f"{fault:<10} rank {r.rank} step {r.step}: {'ok ' if r.correct else 'BAD'} {r.note}", flush=True)
     print()

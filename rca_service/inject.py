@@ -291,6 +291,14 @@ def _run_net(rca: Rca, fault: str, nproc: int, rank: int, step: int, heartbeat: 
     return result
 
 
+def interruptible() -> None:
+    """SIGTERM behaves like Ctrl-C: the current run's `finally` still kills its job's processes."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -348,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RunResult] = []
     ctx: contextlib.AbstractContextManager[Any] = (
         contextlib.nullcontext(RemoteRca(args.rca_otlp, args.rca_api)) if args.rca_otlp else local_rca())
-    with ctx as rca:
+    interruptible()
+    with ctx as rca, contextlib.suppress(KeyboardInterrupt):
         for fault in faults:
             for _ in range(args.runs):
                 r = run_one(rca, fault, args.nproc, args.rank, args.step, args.heartbeat, args.step_s, args.timeout,

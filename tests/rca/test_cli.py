@@ -22,7 +22,7 @@ def test_serve_runs_and_stops_cleanly(tmp_path: Path) -> None:
         api = f"http://127.0.0.1:{ports['http']}"
         assert get_json(f"{api}/healthz")["status"] == "ok"
         assert get_json(f"{api}/api/v1/incidents") == []
-        code, body = http(f"http://127.0.0.1:{ports['otlp_http']}/v1/traces", b"junk",
+        code, _ = http(f"http://127.0.0.1:{ports['otlp_http']}/v1/traces", b"junk",
                           {"Content-Type": "application/json"})
         assert code == 400
         assert get_json(f"{api}/healthz")["status"] == "ok"  # still serving

@@ -149,6 +149,7 @@ class EmbeddedCollector:
         env["MYCROFT_LOOPBACK"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         env["MYCROFT_PROCESSOR_CONFIG"] = json.dumps(dataclasses.asdict(self.config))
         env["MYCROFT_PROCESSOR_STATS"] = str(self.stats_file)
+        env["MYCROFT_PROCESSOR_FLUSH"] = str(self.workdir / "flush-request")
         return env
 
     # ------------------------------------------------------------------ lifecycle
@@ -156,6 +157,7 @@ class EmbeddedCollector:
         if self.proc is not None:
             raise CollectorError("already started")
         self.stats_file.unlink(missing_ok=True)
+        (self.workdir / "flush-request").unlink(missing_ok=True)
         if len(self.exports) > 1:
             self.tee = ExportTee(self.exports).start()
         out: IO[bytes] | int
@@ -188,8 +190,22 @@ class EmbeddedCollector:
                                  f"{self.output_tail()}") from None
         return self
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Ask the processor inside rotel to close every open window now (summaries of what is
+        still open, condensed detail) and wait until it has handed them to rotel."""
+        if not self.running():
+            return False
+        (self.workdir / "flush-request").touch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.running():
+            if self.stats().get("flushed"):
+                return True
+            time.sleep(0.05)
+        return False
+
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM (rotel flushes its exporters), SIGKILL after `timeout`; returns the exit code."""
+        """Flush the processor's windows, then SIGTERM (rotel flushes its exporter), SIGKILL after
+        `timeout`; returns the exit code."""
         proc = self.proc
         if proc is None:
             if self.tee is not None:
@@ -197,6 +213,8 @@ class EmbeddedCollector:
                 self.tee = None
             return None
         if proc.poll() is None:
+            self.flush()
+            time.sleep(0.3)  # rotel's batch timeout (100 ms) + export of the flushed spans
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout)

@@ -21,6 +21,7 @@ Environment (set by `mycroft collector run` / EmbeddedCollector):
   MYCROFT_PROCESSOR_CONFIG  JSON of ProcessorConfig fields
   MYCROFT_PROCESSOR_STATS   file where counters are written as JSON every second
   MYCROFT_PROCESSOR_BUSY    share of rotel's pipeline time the adapter may use (default 0.5)
+  MYCROFT_PROCESSOR_FLUSH   file whose appearance asks for a flush of every open window (graceful stop)
 
 rotel 0.0.1-alpha10 quirk handled here: once Python reads a span's attributes, rotel
 writes array values back in reverse order; `_restore_arrays` pre-reverses them.
@@ -187,13 +188,15 @@ class RotelAdapter:
     """The edge between rotel's in-place ResourceSpans and the pure core."""
 
     def __init__(self, config: ProcessorConfig, loopback: str, stats_file: str = "", tick_s: float = 0.05,
-                 busy_fraction: float = 0.5) -> None:
+                 busy_fraction: float = 0.5, flush_file: str = "") -> None:
         self.counters = Counters()
         self.core = CollectorProcessor(config, self.counters, count_io=False)
         self.budget = BusyBudget(busy_fraction)
         self.loopback = Loopback(loopback, self.counters)
         self._lock = threading.Lock()
         self._stats_file = stats_file
+        self._flush_file = flush_file
+        self._flushed = False
         self._tick_s = tick_s
         threading.Thread(target=self._tick_loop, name="mycroft-rotel-tick", daemon=True).start()
 
@@ -274,11 +277,24 @@ class RotelAdapter:
                     out = self.core.tick(time.monotonic())
                 self._emit(out.all())
                 now = time.monotonic()
+                if self._flush_file and not self._flushed and os.path.exists(self._flush_file):
+                    self._flush()
+                    last_stats = 0.0
                 if self._stats_file and now - last_stats >= 1.0:
                     last_stats = now
                     self._write_stats()
             except Exception:  # the ticker must survive anything a batch could provoke
                 log.exception("mycroft rotel processor tick failed")
+
+    def _flush(self) -> None:
+        """Close every open window and wait (bounded) until the loopback has sent it all."""
+        with self._lock:
+            out = self.core.flush()
+        self._emit(out.all())
+        deadline = time.monotonic() + 5.0
+        while self.loopback.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._flushed = True
 
     def _write_stats(self) -> None:
         with self._lock:
@@ -286,7 +302,7 @@ class RotelAdapter:
         gauges["loopback_queue_spans"] = self.loopback.pending()
         gauges["max_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         document = {"counters": self.counters.snapshot(), "gauges": gauges, "loopback_sent": self.loopback.sent,
-                    "time": time.time()}
+                    "flushed": self._flushed, "time": time.time()}
         tmp = f"{self._stats_file}.tmp"
         with open(tmp, "w") as handle:
             json.dump(document, handle)
@@ -298,7 +314,8 @@ def _adapter_from_env() -> RotelAdapter:
     config = ProcessorConfig(**json.loads(raw)) if raw else ProcessorConfig()
     loopback = os.environ.get("MYCROFT_LOOPBACK") or os.environ.get("ROTEL_OTLP_HTTP_ENDPOINT") or "127.0.0.1:4318"
     return RotelAdapter(config, loopback, os.environ.get("MYCROFT_PROCESSOR_STATS", ""),
-                        busy_fraction=float(os.environ.get("MYCROFT_PROCESSOR_BUSY", "0.5")))
+                        busy_fraction=float(os.environ.get("MYCROFT_PROCESSOR_BUSY", "0.5")),
+                        flush_file=os.environ.get("MYCROFT_PROCESSOR_FLUSH", ""))
 
 
 # Inside rotel (MYCROFT_LOOPBACK set by EmbeddedCollector) start at load, so the ticker

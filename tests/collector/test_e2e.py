@@ -13,13 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
+from mycroft.collector_processor import synthetic as syn
+from mycroft.collector_processor.collector import EmbeddedCollector
+from mycroft.collector_processor.config import ProcessorConfig
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from mycroft import schema
-from mycroft.otlp import SpanRecord
+from mycroft.otlp import SpanRecord, request_from_records
 from mycroft.otlp_server import OtlpReceiver
 from tests.collector.procs import api_get, embedded_collector, processor_service, rca_service
-from tests.conftest import SpanSink, instrumented_env, run_torchrun
+from tests.conftest import SpanSink, free_port, instrumented_env, run_torchrun
 
 pytestmark = pytest.mark.slow
 JOB = Path(__file__).parent / "jobs" / "straggler.py"
@@ -112,3 +117,25 @@ def test_ranks_through_the_standalone_service_to_the_rca_service(
     _check_straggler_summary(received.snapshot(), "e2e-service")
     _check_straggler_summary(jaeger.snapshot(), "e2e-service")
     _check_rca_state(rca["api"], "e2e-service")
+
+
+def test_stopping_the_embedded_collector_flushes_open_collectives(tmp_path: Path) -> None:
+    sink = SpanSink()
+    receiver = OtlpReceiver(sink, "127.0.0.1:0", None).start()
+    collector = EmbeddedCollector([f"http://127.0.0.1:{receiver.grpc_port}"], f"127.0.0.1:{free_port()}",
+                                  f"127.0.0.1:{free_port()}", ProcessorConfig(window_s=60.0), workdir=tmp_path)
+    try:
+        collector.start()
+        t0 = 1_700_000_000_000_000_000
+        spans = [syn.collective_span(rank, 9, t0 + rank * 1000, t0 + 10**7, job="flush") for rank in (0, 1, 2)]
+        stub = trace_service_pb2_grpc.TraceServiceStub(grpc.insecure_channel(collector.otlp_grpc))
+        stub.Export(request_from_records(spans), timeout=10)
+        assert sink.wait_for(lambda got: len(got) == 3, 10)  # rank spans pass at once; rank 3 never comes
+        assert collector.stop() == 0
+        summaries = [s for s in sink.snapshot() if s.name == schema.SPAN_COLLECTIVE_SUMMARY]
+        assert len(summaries) == 1
+        a = summaries[0].attributes
+        assert a[schema.ATTR_SUM_CLOSED] == schema.CLOSED_SHUTDOWN and a[schema.ATTR_SUM_MISSING_RANKS] == [3]
+    finally:
+        collector.stop()
+        receiver.stop(0)

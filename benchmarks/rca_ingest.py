@@ -60,8 +60,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         service = RcaService(ServiceOptions(otlp_grpc="127.0.0.1:0", otlp_http=None, http="127.0.0.1:0",
                                             db=os.path.join(tmp, "rca.db"))).start()
-        queue: mp.Queue = mp.Queue()  # type: ignore[type-arg]
-        procs = [mp.Process(target=_client, args=(service.receiver.grpc_port, payloads, args.seconds, queue))
+        ctx = mp.get_context("spawn")  # no fork of a process that runs gRPC threads
+        queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+        procs = [ctx.Process(target=_client, args=(service.receiver.grpc_port, payloads, args.seconds, queue))
                  for _ in range(args.clients)]
         started = time.monotonic()
         for p in procs:

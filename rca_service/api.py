@@ -6,7 +6,6 @@ import json
 import logging
 import threading
 import urllib.parse
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -108,5 +107,3 @@ class ApiServer:
         self._server.shutdown()
         self._server.server_close()
 
-
-Callback = Callable[[], None]

@@ -290,3 +290,14 @@ def test_a_dead_ranks_stale_in_flight_op_is_not_a_link_stall() -> None:
     [finding] = analyze_job(jobs["job"], t + 1.6, CFG)
     assert finding.kind == "crash" and finding.root_causes[0].rank == 1
     assert finding.root_causes[0].kind == "process_lost"
+
+
+def test_silent_jobs_expire_and_their_incidents_resolve() -> None:
+    engine = Engine(dataclasses.replace(CFG, job_ttl_s=60.0))
+    job = StepJob("gone", 4)
+    engine.ingest(job.steps(20), job.now)
+    events = _run(engine, job, 3.0, not_entered=[1])
+    assert [e.action for e in events] == ["fired"]
+    later = engine.step(job.now + 3.0 + 61.0)
+    assert [(e.action, e.incident.evidence["resolved_because"]) for e in later] == [("resolved", "job expired")]
+    assert "gone" not in engine.jobs

@@ -19,8 +19,9 @@ import networkx as nx
 
 from mycroft import schema
 
+from .config import AnalysisConfig
 from .state import InFlight, JobState, RankState
-from .triggers import ALIVE, LOST, UNSEEN
+from .triggers import ALIVE, LOST, UNSEEN, late
 
 Node = tuple[Any, ...]
 
@@ -56,13 +57,18 @@ def _p2p_blocker(job: JobState, me: RankState, op: InFlight, status: dict[int, s
     return peer.p2p_issued.get(key, 0) < op.seq
 
 
-def build(job: JobState, status: dict[int, str], waiting: Iterable[int]) -> WaitForGraph:
-    """Edges from every rank with an op in flight; analysis starts from `waiting`."""
+def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: float,
+          cfg: AnalysisConfig) -> WaitForGraph:
+    """Edges from every rank with an op in flight; analysis starts from `waiting`.
+
+    A rank that missed its heartbeat gets no outgoing edges: what it was waiting for is a
+    stale snapshot, so it ends up a sink whose liveness the verdict then decides.
+    """
     edges: list[tuple[Node, Node]] = []
     blockers_cache: dict[Node, list[int]] = {}
     op_nodes: set[Node] = set()
     for rank in job.ranks.values():
-        if status.get(rank.rank) != ALIVE or not rank.inflight:
+        if status.get(rank.rank) != ALIVE or not rank.inflight or late(rank, now, cfg):
             continue
         me = rank_node(rank.rank)
         for op in rank.inflight:

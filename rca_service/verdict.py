@@ -151,7 +151,7 @@ def _op_members(job: JobState, node: wfg.Node) -> list[int]:
 
 def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
                   now: float, cfg: AnalysisConfig) -> Finding | None:
-    wf = wfg.build(job, status, hung)
+    wf = wfg.build(job, status, hung, now, cfg)
     found = wfg.sinks(wf)
     if not found:
         return None

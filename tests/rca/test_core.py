@@ -301,3 +301,19 @@ def test_silent_jobs_expire_and_their_incidents_resolve() -> None:
     later = engine.step(job.now + 3.0 + 61.0)
     assert [(e.action, e.incident.evidence["resolved_because"]) for e in later] == [("resolved", "job expired")]
     assert "gone" not in engine.jobs
+
+
+def test_a_cut_off_rank_with_a_stale_in_flight_op_is_lost_not_a_link() -> None:
+    """Link down right after a heartbeat that showed rank 1 inside seq 26; the others wait in seq 31."""
+    jobs: dict[str, JobState] = {}
+    world = Group("0", (0, 1, 2))
+    t = 40.0
+    apply_records(jobs, [heartbeat("job", 1, 3, t, 5, [world], [26], [25], [InFlightOp(world, 26, age_s=0.01)])],
+                  t, CFG)
+    for k, at in enumerate((t + 0.5, t + 1.0, t + 1.5)):
+        apply_records(jobs, [heartbeat("job", r, 3, at, k, [world], [31], [30],
+                                       [InFlightOp(world, 31, age_s=at - t + 0.1)]) for r in (0, 2)], at, CFG)
+    assert analyze_job(jobs["job"], t + 1.05, CFG) == []  # rank 1 is late: dead or cut off? wait
+    [finding] = analyze_job(jobs["job"], t + 1.2, CFG)
+    assert finding.kind == "hang"
+    assert (finding.root_causes[0].rank, finding.root_causes[0].kind) == (1, "process_lost")

@@ -46,6 +46,11 @@ class Engine:
         stats = PassStats()
         for job_id in expire_jobs(self.jobs, now, self.cfg):
             events.extend(self.tracker.resolve_job(job_id, now, "job expired"))
+        # incidents loaded at start-up for jobs that never report again
+        orphans = {inc.job for inc in self.tracker.active.values()
+                   if inc.job not in self.jobs and now - inc.last_seen_at > self.cfg.job_ttl_s}
+        for job_id in sorted(orphans):
+            events.extend(self.tracker.resolve_job(job_id, now, "job gone (no telemetry since restart)"))
         for job_id, job in list(self.jobs.items()):
             t0 = time.perf_counter()
             findings = analyze_job(job, now, self.cfg)

@@ -317,3 +317,14 @@ def test_a_cut_off_rank_with_a_stale_in_flight_op_is_lost_not_a_link() -> None:
     [finding] = analyze_job(jobs["job"], t + 1.2, CFG)
     assert finding.kind == "hang"
     assert (finding.root_causes[0].rank, finding.root_causes[0].kind) == (1, "process_lost")
+
+
+def test_incidents_of_jobs_that_never_come_back_after_a_restart_resolve() -> None:
+    from mycroft.rca_service.incidents import Incident
+
+    old = Incident(id="x", job="gone", kind="hang", status="firing", detected_at=0.0, summary="", root_causes=[],
+                   graph={}, evidence={}, updated_at=0.0, last_seen_at=0.0)
+    engine = Engine(dataclasses.replace(CFG, job_ttl_s=100.0), firing=[old])
+    assert engine.step(50.0) == []
+    [event] = engine.step(150.0)
+    assert event.action == "resolved" and event.incident.id == "x"

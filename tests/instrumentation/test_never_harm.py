@@ -27,19 +27,22 @@ def test_collector_down_training_completes_at_full_speed(tmp_path: Path) -> None
     closed = free_port()  # nothing listens there
     args = ("--steps", "150", "--size", "4096", "--step-sleep", "0.002", "--out", str(tmp_path))
     plain, traced = [], []
-    for _ in range(2):  # interleaved, to share the machine's noise
-        base = run_torchrun(JOBS / "blocking.py", 2, instrumented_env(None), *args, instrumented=False)
-        assert base.returncode == 0, base.stderr[-2000:]
-        plain += _step_times(tmp_path)
-        env = instrumented_env(closed, MYCROFT_HEARTBEAT_INTERVAL="0.1", OTEL_EXPORTER_OTLP_TIMEOUT="2")
-        run = run_torchrun(JOBS / "blocking.py", 2, env, *args)
-        assert run.returncode == 0, run.stderr[-2000:]
-        traced += _step_times(tmp_path)
-        assert "span export failed" in run.stderr or "export queue full" in run.stderr
-        assert run.stderr.count("span export failed") <= 2  # said once per rank, not per batch
+    for index in range(3):  # interleaved, alternating who goes first, to share the machine's noise
+        for instrumented in ((False, True) if index % 2 == 0 else (True, False)):
+            if not instrumented:
+                base = run_torchrun(JOBS / "blocking.py", 2, instrumented_env(None), *args, instrumented=False)
+                assert base.returncode == 0, base.stderr[-2000:]
+                plain += _step_times(tmp_path)
+                continue
+            env = instrumented_env(closed, MYCROFT_HEARTBEAT_INTERVAL="0.1", OTEL_EXPORTER_OTLP_TIMEOUT="2")
+            run = run_torchrun(JOBS / "blocking.py", 2, env, *args)
+            assert run.returncode == 0, run.stderr[-2000:]
+            traced += _step_times(tmp_path)
+            assert "span export failed" in run.stderr or "export queue full" in run.stderr
+            assert run.stderr.count("span export failed") <= 2  # said once per rank, not per batch
     ratio = statistics.median(traced) / statistics.median(plain)
     # a loose bound: the benchmark measures the real overhead; this catches blocking or retry stalls
-    assert ratio < 1.25, (statistics.median(traced), statistics.median(plain))
+    assert ratio < 1.3, (statistics.median(traced), statistics.median(plain))
     assert max(traced) < 1.0  # no step ever waited on the exporter's retries
 
 

@@ -18,6 +18,7 @@ counted, so a flood costs counters instead of memory or heartbeat latency.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
@@ -28,9 +29,6 @@ from mycroft.otlp import SpanRecord, records_from_request
 from .condense import DETAIL_NAMES
 
 JOIN_NAMES = frozenset((*schema.COLLECTIVE_OPS, *schema.P2P_OPS, schema.SPAN_NATIVE_COLL))
-
-_PASS, _URGENT, _JOIN, _DETAIL = 0, 1, 2, 3
-
 
 @dataclass(slots=True)
 class Split:
@@ -44,83 +42,81 @@ class Split:
     unjoined: int = 0  # rank spans forwarded without joining (budget)
 
 
-def _classify(name: str) -> int:
-    if name == schema.SPAN_HEARTBEAT:
-        return _URGENT
-    if name in JOIN_NAMES:
-        return _JOIN
-    if name in DETAIL_NAMES:
-        return _DETAIL
-    return _PASS
+def _copy_scope(target: ResourceSpans, source: ScopeSpans, spans: list[Any]) -> None:
+    scope_spans = target.scope_spans.add()
+    scope_spans.scope.CopyFrom(source.scope)
+    scope_spans.schema_url = source.schema_url
+    scope_spans.spans.extend(spans)  # one C-level copy loop
 
 
-class _Target:
-    """Lazily created ResourceSpans / ScopeSpans of one output request, mirroring the input."""
-
-    __slots__ = ("_request", "_resource_spans", "_rs", "_scope_spans")
-
-    def __init__(self, request: ExportTraceServiceRequest) -> None:
-        self._request = request
-        self._rs: ResourceSpans | None = None
-        self._scope_spans: ScopeSpans | None = None
-        self._resource_spans: ResourceSpans | None = None
-
-    def start_resource(self, rs: ResourceSpans) -> None:
-        self._resource_spans, self._rs, self._scope_spans = rs, None, None
-
-    def start_scope(self) -> None:
-        self._scope_spans = None
-
-    def add(self, scope_spans: ScopeSpans, span: object) -> None:
-        if self._rs is None:
-            assert self._resource_spans is not None
-            self._rs = self._request.resource_spans.add()
-            self._rs.resource.CopyFrom(self._resource_spans.resource)
-            self._rs.schema_url = self._resource_spans.schema_url
-        if self._scope_spans is None:
-            self._scope_spans = self._rs.scope_spans.add()
-            self._scope_spans.scope.CopyFrom(scope_spans.scope)
-            self._scope_spans.schema_url = scope_spans.schema_url
-        self._scope_spans.spans.append(span)
+def _new_resource(request: ExportTraceServiceRequest, source: ResourceSpans) -> ResourceSpans:
+    rs = request.resource_spans.add()
+    rs.resource.CopyFrom(source.resource)
+    rs.schema_url = source.schema_url
+    return rs
 
 
 def split_request(request: ExportTraceServiceRequest, budget: int) -> Split:
     """Split `request` (see the module doc); at most `budget` spans are decoded for the core."""
     split = Split()
     feed_request = ExportTraceServiceRequest()
-    targets = (_Target(split.passthrough), _Target(split.urgent), _Target(feed_request))
-    fed = 0
+    room = budget
+    heartbeat, join_names, detail_names = schema.SPAN_HEARTBEAT, JOIN_NAMES, DETAIL_NAMES
     for rs in request.resource_spans:
-        classes = [[_PASS if ss.scope.name == schema.PROCESSOR_SCOPE else _classify(span.name) for span in ss.spans]
-                   for ss in rs.scope_spans]
-        count = sum(len(c) for c in classes)
-        split.received += count
-        if not any(any(c) for c in classes):  # nothing to take out: forward the ResourceSpans whole
-            split.passthrough.resource_spans.append(rs)
-            split.passthrough_spans += count
-            continue
-        for target in targets:
-            target.start_resource(rs)
-        for ss, scope_classes in zip(rs.scope_spans, classes, strict=True):
-            for target in targets:
-                target.start_scope()
-            for span, kind in zip(ss.spans, scope_classes, strict=True):
-                if kind == _URGENT:
-                    targets[1].add(ss, span)
-                    split.urgent_spans += 1
-                    continue
-                if kind in (_JOIN, _PASS):
-                    targets[0].add(ss, span)
-                    split.passthrough_spans += 1
-                if kind in (_JOIN, _DETAIL):
-                    if fed < budget:
-                        targets[2].add(ss, span)
-                        fed += 1
-                    elif kind == _DETAIL:
+        # per scope: (scope spans, passing, urgent, feed); passing is None for our own output
+        scopes: list[tuple[ScopeSpans, list[Any] | None, list[Any], list[Any]]] = []
+        taken = 0  # spans that must not be forwarded as they are (heartbeats, native detail)
+        for ss in rs.scope_spans:
+            spans = ss.spans
+            split.received += len(spans)
+            if ss.scope.name == schema.PROCESSOR_SCOPE:
+                scopes.append((ss, None, [], []))
+                continue
+            passing: list[Any] = []
+            urgent: list[Any] = []
+            feed: list[Any] = []
+            for span in spans:
+                name = span.name
+                if name == heartbeat:
+                    urgent.append(span)
+                elif name in join_names:
+                    passing.append(span)
+                    feed.append(span)
+                elif name in detail_names:
+                    feed.append(span)
+                else:
+                    passing.append(span)
+            taken += len(spans) - len(passing)
+            if len(feed) > room:  # the core is behind: shed what does not fit, undecoded
+                for span in feed[room:]:
+                    if span.name in detail_names:
                         split.dropped_detail += 1
                     else:
                         split.unjoined += 1
-    if fed:
+                feed = feed[:room]
+            room -= len(feed)
+            scopes.append((ss, passing, urgent, feed))
+        if not taken:  # everything passes: forward the ResourceSpans whole, in one copy
+            split.passthrough.resource_spans.append(rs)
+            split.passthrough_spans += sum(len(ss.spans) for ss in rs.scope_spans)
+        else:
+            out_pass = out_urgent = None
+            for ss, maybe_passing, urgent, _ in scopes:
+                forward = list(ss.spans) if maybe_passing is None else maybe_passing
+                if forward:
+                    out_pass = out_pass or _new_resource(split.passthrough, rs)
+                    _copy_scope(out_pass, ss, forward)
+                    split.passthrough_spans += len(forward)
+                if urgent:
+                    out_urgent = out_urgent or _new_resource(split.urgent, rs)
+                    _copy_scope(out_urgent, ss, urgent)
+                    split.urgent_spans += len(urgent)
+        out_feed = None
+        for ss, _, _, feed in scopes:
+            if feed:
+                out_feed = out_feed or _new_resource(feed_request, rs)
+                _copy_scope(out_feed, ss, feed)
+    if feed_request.resource_spans:
         split.feed = records_from_request(feed_request)
     return split
 

@@ -74,6 +74,11 @@ _KIND_BY_NAME = {
 }
 
 
+# names of the spans the core reads while they pass (the contract names rank spans by their op);
+# edges that forward spans undecoded classify on these names
+JOIN_NAMES = frozenset((*schema.COLLECTIVE_OPS, *schema.P2P_OPS, schema.SPAN_NATIVE_COLL))
+
+
 def span_kind(record: SpanRecord) -> str:
     kind = record.attributes.get(schema.ATTR_SPAN_KIND)
     if isinstance(kind, str) and kind:

@@ -27,8 +27,8 @@ from mycroft import schema
 from mycroft.otlp import SpanRecord, records_from_request
 
 from .condense import DETAIL_NAMES
+from .pipeline import JOIN_NAMES
 
-JOIN_NAMES = frozenset((*schema.COLLECTIVE_OPS, *schema.P2P_OPS, schema.SPAN_NATIVE_COLL))
 
 @dataclass(slots=True)
 class Split:

@@ -53,17 +53,13 @@ from typing import Any  # noqa: E402
 from mycroft.collector_processor.budget import BusyBudget  # noqa: E402
 from mycroft.collector_processor.condense import DETAIL_NAMES  # noqa: E402
 from mycroft.collector_processor.config import ProcessorConfig  # noqa: E402
-from mycroft.collector_processor.pipeline import CollectorProcessor  # noqa: E402
+from mycroft.collector_processor.pipeline import JOIN_NAMES, CollectorProcessor  # noqa: E402
 from mycroft.collector_processor.stats import Counters  # noqa: E402
 
 from mycroft import schema  # noqa: E402
 from mycroft.otlp import AttrValue, SpanRecord, request_from_records  # noqa: E402
 
 log = logging.getLogger("mycroft.collector_processor.rotel")
-
-# spans whose attributes the core needs while they stay in rotel's batch
-_JOIN_NAMES = frozenset((*schema.COLLECTIVE_OPS, *schema.P2P_OPS, schema.SPAN_NATIVE_COLL))
-
 
 def _value(any_value: Any) -> AttrValue:
     """rotel AnyValue -> plain Python (the SpanRecord attribute model)."""
@@ -226,14 +222,14 @@ class RotelAdapter:
                 name = span.name
                 if name == schema.SPAN_HEARTBEAT:
                     heartbeats += 1
-                elif (name in _JOIN_NAMES or name in DETAIL_NAMES) and not affordable:
+                elif (name in JOIN_NAMES or name in DETAIL_NAMES) and not affordable:
                     # over budget: shed without decoding (detail dropped, rank spans pass unjoined)
                     if name in DETAIL_NAMES:
                         shed_detail += 1
                         taken = True
                         continue
                     unjoined += 1
-                elif name in _JOIN_NAMES or name in DETAIL_NAMES:
+                elif name in JOIN_NAMES or name in DETAIL_NAMES:
                     affordable = time.perf_counter() < budget_deadline
                     if resource_attrs is None:
                         res = resource_spans.resource

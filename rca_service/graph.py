@@ -58,17 +58,19 @@ def _p2p_blocker(job: JobState, me: RankState, op: InFlight, status: dict[int, s
 
 
 def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: float,
-          cfg: AnalysisConfig) -> WaitForGraph:
+          cfg: AnalysisConfig, fresh_after: float = 0.0) -> WaitForGraph:
     """Edges from every rank with an op in flight; analysis starts from `waiting`.
 
-    A rank that missed its heartbeat gets no outgoing edges: what it was waiting for is a
-    stale snapshot, so it ends up a sink whose liveness the verdict then decides.
+    A rank whose last heartbeat is late, or older than `fresh_after` (when the waiting
+    began), gets no outgoing edges: what it was waiting for is a stale snapshot, so it ends
+    up a sink whose liveness the verdict then decides.
     """
     edges: list[tuple[Node, Node]] = []
     blockers_cache: dict[Node, list[int]] = {}
     op_nodes: set[Node] = set()
     for rank in job.ranks.values():
-        if status.get(rank.rank) != ALIVE or not rank.inflight or late(rank, now, cfg):
+        if status.get(rank.rank) != ALIVE or not rank.inflight or late(rank, now, cfg) \
+                or (rank.last_hb_at and rank.last_hb_at < fresh_after):
             continue
         me = rank_node(rank.rank)
         for op in rank.inflight:

@@ -128,16 +128,18 @@ def _classify_flows(job: JobState, node: wfg.Node) -> dict[str, Any]:
     return dict(summary) if isinstance(summary, dict) else {}
 
 
-def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig) -> str | None:
-    """A rank that others hang on and that missed heartbeats: LOST sooner than an unaccused rank,
-    None (undecided) while it is merely late, ALIVE when it reported recently."""
+def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig,
+                         fresh_after: float = 0.0) -> str | None:
+    """A rank that others hang on: LOST sooner than an unaccused rank (its peers corroborate),
+    None (undecided) while it is late or has not reported since the waiting began (a heartbeat
+    from before the wait cannot tell "alive, elsewhere" from "dead"), ALIVE otherwise."""
     rank = job.ranks[rank_id]
     if not rank.last_hb_at:
         return ALIVE
     late = now - rank.last_hb_at
     if late > cfg.corroborated_lost_intervals * rank.hb_interval + cfg.suspect_slack_s:
         return LOST
-    if late > cfg.suspect_intervals * rank.hb_interval + cfg.suspect_slack_s:
+    if late > cfg.suspect_intervals * rank.hb_interval + cfg.suspect_slack_s or rank.last_hb_at < fresh_after:
         return None
     return ALIVE
 
@@ -151,7 +153,9 @@ def _op_members(job: JobState, node: wfg.Node) -> list[int]:
 
 def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
                   now: float, cfg: AnalysisConfig) -> Finding | None:
-    wf = wfg.build(job, status, hung, now, cfg)
+    # when the waiting began (service time): a heartbeat older than that proves nothing about now
+    fresh_after = now - max(hung.values())
+    wf = wfg.build(job, status, hung, now, cfg, fresh_after)
     found = wfg.sinks(wf)
     if not found:
         return None
@@ -175,7 +179,7 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
         if node[0] == "r":
             decided: str | None = status.get(node[1], UNSEEN)
             if decided == ALIVE:
-                decided = _corroborated_status(job, node[1], now, cfg)
+                decided = _corroborated_status(job, node[1], now, cfg, fresh_after)
             if decided is None:
                 return None  # it just missed a heartbeat: dead or alive decides the verdict, wait
             sink_status = decided
@@ -184,7 +188,7 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
             members = _op_members(job, node)
             if not members:
                 continue  # an op of a group we know nothing about convicts nobody
-            if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg) is None
+            if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg, fresh_after) is None
                    for m in members):
                 return None  # a member just went quiet: it may be dead rather than the link; wait
             rc = _data_sink_cause(job, node)

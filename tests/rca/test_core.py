@@ -328,3 +328,23 @@ def test_incidents_of_jobs_that_never_come_back_after_a_restart_resolve() -> Non
     assert engine.step(50.0) == []
     [event] = engine.step(150.0)
     assert event.action == "resolved" and event.incident.id == "x"
+
+
+def test_no_not_entered_verdict_from_a_heartbeat_older_than_the_wait() -> None:
+    """1 s heartbeats: rank 3 reported just before the others began to wait, then froze (SIGSTOP)."""
+    jobs: dict[str, JobState] = {}
+    world = Group("0", (0, 1, 2, 3))
+    t = 60.0
+    apply_records(jobs, [heartbeat("job", 3, 4, t, 7, [world], [9], [9], interval=1.0)], t, CFG)
+    for at in (t + 0.2, t + 1.2):
+        apply_records(jobs, [heartbeat("job", r, 4, at, 8, [world], [10], [9],
+                                       [InFlightOp(world, 10, age_s=at - t - 0.1)], interval=1.0)
+                             for r in (0, 1, 2)], at, CFG)
+    assert analyze_job(jobs["job"], t + 1.25, CFG) == []  # undecided: alive elsewhere, or frozen?
+    [finding] = analyze_job(jobs["job"], t + 2.2, CFG)
+    assert (finding.root_causes[0].rank, finding.root_causes[0].kind) == (3, "process_lost")
+    # had it reported after the wait began, it would be convicted as alive and elsewhere
+    apply_records(jobs, [heartbeat("job", 3, 4, t + 1.3, 8, [world], [9], [9], idle_s=1.2, interval=1.0)],
+                  t + 1.3, CFG)
+    [finding] = analyze_job(jobs["job"], t + 1.35, CFG)
+    assert (finding.root_causes[0].rank, finding.root_causes[0].kind) == (3, "not_entered")

@@ -234,9 +234,16 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
             group = job.groups.get(op.group_id)
             if group is not None:
                 _seq_record(group, op.seq, cfg).sigs.setdefault(rank.rank, (op.op, op.bytes, ""))
-    rank.inflight = inflight
+    rank.inflight = [op for op in inflight if not _done(rank, op)]
     flows = {key: _list(value) for key, value in a.items() if key.startswith("mycroft.hb.flow.")}
     rank.flows = flows
+
+
+def _done(rank: RankState, op: InFlight) -> bool:
+    """The op's own span already said it completed: a heartbeat snapshot is older than that."""
+    if op.is_p2p:
+        return rank.p2p_completed.get(_p2p_key(op.group_id, rank.rank, op.peer, op.op), 0) >= op.seq
+    return rank.completed.get(op.group_id, 0) >= op.seq
 
 
 def _p2p_key(gid: str, rank: int, peer: int, op: str) -> P2PKey:
@@ -268,6 +275,7 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
         if done:
             rank.p2p_completed[key] = max(rank.p2p_completed.get(key, 0), seq)
             job.last_progress_at = received_at
+            rank.inflight = [op for op in rank.inflight if not _done(rank, op)]
         elif state == schema.STATE_ERROR:
             rank.errors.append((gid, seq, op, str(a.get(schema.ATTR_ERROR, record.status_message))))
         return
@@ -286,6 +294,7 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
         if _advance(rank.completed, gid, seq):
             job.last_progress_at = received_at
             job.completions += 1
+            rank.inflight = [op for op in rank.inflight if not _done(rank, op)]
     elif state == schema.STATE_ERROR or state == schema.STATE_TIMEOUT:
         rank.errors.append((gid, seq, op, str(a.get(schema.ATTR_ERROR, record.status_message))))
 

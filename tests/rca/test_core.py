@@ -348,3 +348,15 @@ def test_no_not_entered_verdict_from_a_heartbeat_older_than_the_wait() -> None:
                   t + 1.3, CFG)
     [finding] = analyze_job(jobs["job"], t + 1.35, CFG)
     assert (finding.root_causes[0].rank, finding.root_causes[0].kind) == (3, "not_entered")
+
+
+def test_a_completed_span_retires_the_heartbeats_in_flight_op() -> None:
+    """1 s heartbeats: the snapshot said "in seq 33"; the span says it completed 60 ms later."""
+    jobs: dict[str, JobState] = {}
+    world = Group("0", (0, 1))
+    t = 70.0
+    apply_records(jobs, [heartbeat("job", r, 2, t, 1, [world], [33], [32], [InFlightOp(world, 33, age_s=0.05)],
+                                   interval=1.0) for r in (0, 1)], t, CFG)
+    apply_records(jobs, [collective("job", r, 2, world, 33, t - 0.05, t + 0.01) for r in (0, 1)], t + 0.2, CFG)
+    assert all(not rank.inflight for rank in jobs["job"].ranks.values())
+    assert analyze_job(jobs["job"], t + 0.99, CFG) == []

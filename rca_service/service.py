@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mycroft.otlp import SpanRecord
-from mycroft.otlp_server import OtlpReceiver
+from mycroft.otlp_server import OtlpReceiver, split_host_port
 
 from .alerts import Alerter
 from .api import ApiServer
@@ -46,6 +46,9 @@ class ServiceOptions:
 
 class RcaService:
     def __init__(self, options: ServiceOptions) -> None:
+        for address in (options.otlp_grpc, options.otlp_http, options.http):
+            if address:
+                split_host_port(address)  # a malformed address fails before anything is created
         self.options = options
         self.metrics = Metrics()
         self._describe_metrics()

@@ -32,10 +32,12 @@ def test_serve_runs_and_stops_cleanly(tmp_path: Path) -> None:
     assert db.exists()
 
 
-def test_bad_arguments_are_refused_clearly() -> None:
-    out = subprocess.run([sys.executable, "-m", "mycroft.cli", "rca", "serve", "--http", "nonsense"],
-                         capture_output=True, text=True, timeout=60)
+def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
+    db = tmp_path / "never.db"
+    out = subprocess.run([sys.executable, "-m", "mycroft.cli", "rca", "serve", "--http", "nonsense", "--db", str(db)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode != 0 and "HOST:PORT" in out.stderr
+    assert not db.exists()
     out = subprocess.run([sys.executable, "-m", "mycroft.cli", "rca", "serve", "--hang-min", "-1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--hang-min" in out.stderr

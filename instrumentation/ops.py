@@ -29,10 +29,10 @@ class OpSpec:
     reduce_op: ArgRef = NO_ARG
     always_async: bool = False
     is_send: bool = False
+    is_p2p: bool = False  # derived from op in __post_init__: a plain field is cheaper on the hot path
 
-    @property
-    def is_p2p(self) -> bool:
-        return self.op in schema.P2P_OPS
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_p2p", self.op in schema.P2P_OPS)
 
 
 # torch.distributed (distributed_c10d) public API

@@ -63,22 +63,23 @@ FUNCOL_PREFIX = "torch.distributed._functional_collectives."
 
 def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
     api = C10D_PREFIX + spec.api
+    depth = recorder.depth  # read directly: this is the hot path
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if recorder.nested():
+        if depth.value:
             return original(*args, **kwargs)
         record = recorder.begin(spec, args, kwargs, api=api)
         if record is None:
             return original(*args, **kwargs)
-        recorder.enter()
+        depth.value += 1
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
             recorder.failed(record, exc)
             raise
         finally:
-            recorder.leave()
+            depth.value -= 1
         recorder.issued(record, result)
         return result
 
@@ -89,9 +90,11 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
     """batch_isend_irecv: one p2p record per P2POp, completed by the works torch returns."""
     by_api = {spec.api: spec for spec in C10D_SPECS}
 
+    depth = recorder.depth
+
     @functools.wraps(original)
     def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
-        if recorder.nested():
+        if depth.value:
             return original(p2p_op_list, *args, **kwargs)
         records = []
         try:
@@ -103,7 +106,7 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
                 records.append(record)
         except Exception:
             records = []
-        recorder.enter()
+        depth.value += 1
         try:
             works = original(p2p_op_list, *args, **kwargs)
         except BaseException as exc:
@@ -112,7 +115,7 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
                     recorder.failed(record, exc)
             raise
         finally:
-            recorder.leave()
+            depth.value -= 1
         work_list = list(works) if isinstance(works, list) else []
         counted: set[str] = set()
         for index, record in enumerate(records):
@@ -132,10 +135,11 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     api = FUNCOL_PREFIX + spec.api
+    depth = recorder.depth
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if recorder.nested():
+        if depth.value:
             return original(*args, **kwargs)
         record = None
         try:
@@ -146,14 +150,14 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
             recorder._note_error("funcol." + spec.api, exc)
         if record is None:
             return original(*args, **kwargs)
-        recorder.enter()
+        depth.value += 1
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
             recorder.failed(record, exc)
             raise
         finally:
-            recorder.leave()
+            depth.value -= 1
         recorder.watch_tensor(record, result)
         return result
 
@@ -205,7 +209,7 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     buffer = bucket.buffer()
     buffer.div_(group.size())
     record = recorder.begin(_ALL_REDUCE, (buffer,), {}, group=group, api=DDP_API)
-    recorder.enter()
+    recorder.depth.value += 1
     try:
         work = dist.all_reduce(buffer, group=group, async_op=True)
     except BaseException as exc:
@@ -213,7 +217,7 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
             recorder.failed(record, exc)
         raise
     finally:
-        recorder.leave()
+        recorder.depth.value -= 1
     if record is not None:
         recorder.issued(record, work)
     return work.get_future().then(lambda fut: fut.value()[0])

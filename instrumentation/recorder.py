@@ -25,6 +25,12 @@ log = logging.getLogger("mycroft.instrumentation")
 _now_ns = time.time_ns
 
 
+class _Depth(threading.local):
+    """Per-thread nesting depth of wrapped calls (a wrapped API calling another records once)."""
+
+    value = 0
+
+
 class OpRecord:
     """One collective / p2p op on this rank. Mutated only until it is queued."""
 
@@ -80,7 +86,7 @@ def payload_info(value: Any) -> tuple[int, Any]:
     try:
         if value is None:
             return 0, None
-        if isinstance(value, list | tuple):
+        if isinstance(value, (list, tuple)):  # a tuple, not `list | tuple`: no Union object per call
             total = 0
             dtype = None
             for item in value:
@@ -106,7 +112,7 @@ class Recorder:
         self.last_activity_ns = _now_ns()
         self.world_rank = -1
         self._keys = itertools.count(1)
-        self._local = threading.local()
+        self.depth = _Depth()
         self._error_logged = False
         self._drop_logged = False
         self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
@@ -129,15 +135,6 @@ class Recorder:
                             "Training is not slowed.", self.queue_size)
             return
         self.queue.append(record)
-
-    def nested(self) -> bool:
-        return getattr(self._local, "depth", 0) > 0
-
-    def enter(self) -> None:
-        self._local.depth = getattr(self._local, "depth", 0) + 1
-
-    def leave(self) -> None:
-        self._local.depth -= 1
 
     # ------------------------------------------------------------------ hot path
     def begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -96,7 +96,7 @@ def _to_any(value: Any) -> AnyValue:
         return AnyValue(int_value=value)
     if isinstance(value, float):
         return AnyValue(double_value=value)
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return AnyValue(array_value=ArrayValue(values=[_to_any(item) for item in value]))
     return AnyValue(string_value=str(value))
 

@@ -91,6 +91,7 @@ class Runtime:
         self._stop = threading.Event()
         self._final_sent = threading.Lock()
         self._final_done = False
+        self._signal_after_final = 0  # a signal that arrived while a final flush was running
         self._native: Any = None
         self._native_next_try = 0.0
         self._wakeup_r: int | None = None
@@ -151,7 +152,15 @@ class Runtime:
         self._wakeup_r = read_fd
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._final_sent.locked():
+            # A final flush is running — often the atexit one this very signal interrupted
+            # (a peer died, torchrun sends SIGTERM while we exit). Let it finish; it re-raises.
+            self._signal_after_final = signum
+            return
         self.final(exit_reason=signal.Signals(signum).name)
+        self._reraise(signum)
+
+    def _reraise(self, signum: int) -> None:
         previous = self._saved_handlers.get(signum, signal.SIG_DFL)
         signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -264,6 +273,9 @@ class Runtime:
             self.shipper.flush(timeout_s)
         finally:
             self._final_sent.release()
+        pending = self._signal_after_final
+        if pending and threading.current_thread() is threading.main_thread():
+            self._reraise(pending)
 
     def _atexit(self) -> None:
         with contextlib.suppress(Exception):

@@ -89,3 +89,35 @@ def test_sigterm_gives_a_final_heartbeat_even_inside_a_collective(otlp_sink: tup
     final1 = next(b for b in _beats(spans, 1) if b.attributes.get(schema.ATTR_HB_FINAL))
     assert final1.attributes[schema.ATTR_HB_EXIT_REASON] == "SIGTERM"
     assert "wait_here_on_purpose" in str(final1.attributes.get(schema.ATTR_HB_STACK, ""))
+
+
+def test_sigterm_during_the_exit_flush_waits_for_the_final_heartbeat(tmp_path: Path) -> None:
+    """A peer dies, this rank exits, torchrun's SIGTERM lands mid-flush: the final record still goes out."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "exported.txt"
+    script = tmp_path / "exit_flush.py"
+    script.write_text(f"""
+import os, signal, tempfile, time
+import torch.distributed as dist
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from mycroft.instrumentation.instrumentor import MycroftInstrumentor
+
+class SlowExporter(SpanExporter):
+    def export(self, spans):
+        for span in spans:
+            if span.attributes.get("{schema.ATTR_HB_FINAL}"):
+                os.kill(os.getpid(), signal.SIGTERM)  # lands while the exit flush waits on us
+                time.sleep(0.3)
+                with open({str(log)!r}, "a") as handle:
+                    handle.write(span.attributes["{schema.ATTR_HB_EXIT_REASON}"] + "\\n")
+        return SpanExportResult.SUCCESS
+
+MycroftInstrumentor().instrument(span_exporter=SlowExporter())
+dist.init_process_group("gloo", init_method=f"file://{{tempfile.mkdtemp()}}/s", rank=0, world_size=1)
+# exit without destroy_process_group: the atexit hook sends the final heartbeat
+""")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert log.read_text().split() == ["exit"], result.stderr[-2000:]
+    assert result.returncode == -signal.SIGTERM  # and the signal still ends the process

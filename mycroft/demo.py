@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  launching: opentelemetry-instrument torchrun --nproc-per-node "
               f"{args.nproc} -m mycroft.rca_service.faultjob ...")
         result = run_one(target, args.fault, nproc=args.nproc, rank=args.rank, step=args.step, rng=rng,
-                         log_dir=str(out))
+                         log_dir=str(out), linger_s=3.0)
         trace_path = out / f"{result.job}.otlp.json"
         if args.no_collector:
             spans = 0

@@ -202,7 +202,7 @@ def score(fault: str, rank: int, onset: float, incidents: list[dict[str, Any]]) 
 def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step: int | None = None,
             heartbeat: float = 0.5, step_s: float = 0.05, timeout_s: float = 30.0, healthy_steps: int = 60,
             rng: random.Random | None = None, log_dir: str | None = None,
-            startup_timeout_s: float = 120.0) -> RunResult:
+            startup_timeout_s: float = 120.0, linger_s: float = 0.0) -> RunResult:
     """One instrumented job with one fault, scored against the RCA service's incidents."""
     if fault not in EXPECTED:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join(EXPECTED)}")
@@ -263,6 +263,8 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
         result.note = f"{incident['kind']}: rank {top['rank']} {top['kind']}"
         return result
     finally:
+        if linger_s and result.incident is not None:
+            time.sleep(linger_s)  # let the faulty state run on, so the recorded traces show it
         _kill_tree(proc)
         result.wall_s = time.time() - started
         if log_dir is None and result.correct:

@@ -40,19 +40,6 @@ def flow_key(record: SpanRecord) -> FlowKey:
             bool(is_send) if not isinstance(is_send, str) else is_send.lower() == "true")
 
 
-def stall_state(gpu_ready: int, transmitted: int, done: int, steps: int) -> str:
-    """Mycroft's per-flow state table (DESIGN.md): where a flow that stopped is stuck."""
-    if steps > 0 and done >= steps:
-        return schema.FLOW_STATE_COMPLETE
-    if gpu_ready == transmitted == done == 0:
-        return schema.FLOW_STATE_NOT_STARTED
-    if gpu_ready > transmitted:
-        return schema.FLOW_STATE_NOT_TRANSMITTED
-    if transmitted > done:
-        return schema.FLOW_STATE_NOT_DELIVERED
-    return schema.FLOW_STATE_GPU_NOT_READY
-
-
 @dataclass(slots=True)
 class FlowAccumulator:
     """Running condensation of one flow's native detail."""
@@ -120,7 +107,7 @@ class FlowAccumulator:
             schema.ATTR_FLOW_GPU_READY: self.gpu_ready,
             schema.ATTR_FLOW_TRANSMITTED: self.transmitted,
             schema.ATTR_FLOW_DONE: self.done,
-            schema.ATTR_FLOW_STALL_STATE: self.reported_state or stall_state(
+            schema.ATTR_FLOW_STALL_STATE: self.reported_state or schema.flow_state(
                 self.gpu_ready, self.transmitted, self.done, self.steps_required),
             schema.ATTR_FLOW_SUM_RAW_SPANS: self.raw_spans,
             schema.ATTR_FLOW_SUM_STEPS: self.steps_seen,

@@ -311,6 +311,23 @@ def decode_ranks(text: str) -> list[int]:
     return ranks
 
 
+def flow_state(gpu_ready: int, transmitted: int, done: int, steps: int) -> str:
+    """Mycroft's per-flow state table (the paper): where a flow that stopped is stuck.
+
+    Pure, from the flow's own counters; the collector (condensing) and the RCA service
+    (verdicts) both apply it, so it lives with the FLOW_STATE_* names.
+    """
+    if steps > 0 and done >= steps:
+        return FLOW_STATE_COMPLETE
+    if gpu_ready == transmitted == done == 0:
+        return FLOW_STATE_NOT_STARTED
+    if gpu_ready > transmitted:
+        return FLOW_STATE_NOT_TRANSMITTED
+    if transmitted > done:
+        return FLOW_STATE_NOT_DELIVERED
+    return FLOW_STATE_GPU_NOT_READY
+
+
 def trace_id_hex(trace_id: int) -> str:
     return f"{trace_id:032x}"
 

@@ -36,19 +36,6 @@ _SEVERITY = {
 }
 
 
-def flow_state(gpu_ready: int, transmitted: int, done: int, steps: int) -> str:
-    """The paper's state of one flow from its own counters alone."""
-    if steps > 0 and done >= steps:
-        return schema.FLOW_STATE_COMPLETE
-    if gpu_ready == transmitted == done == 0:
-        return schema.FLOW_STATE_NOT_STARTED
-    if gpu_ready > transmitted:
-        return schema.FLOW_STATE_NOT_TRANSMITTED
-    if transmitted > done:
-        return schema.FLOW_STATE_NOT_DELIVERED
-    return schema.FLOW_STATE_GPU_NOT_READY
-
-
 @dataclass(slots=True)
 class FlowFinding:
     """One in-flight flow, classified; `suspect_*` says where the fault most likely is."""
@@ -142,7 +129,7 @@ def _desc(f: _Flow) -> str:
 
 
 def _classify(f: _Flow, flows: dict[tuple[str, int, int, int, bool, int], _Flow]) -> FlowFinding:
-    state = flow_state(f.g, f.t, f.d, f.steps)
+    state = schema.flow_state(f.g, f.t, f.d, f.steps)
     finding = FlowFinding(rank=f.rank, peer=f.peer, comm=f.comm, seq=f.seq, channel=f.channel,
                           side=SIDE_SEND if f.send else SIDE_RECV, state=state, counters=_counters(f),
                           age_s=f.age, proxy_state=f.proxy_state)
@@ -186,7 +173,8 @@ def _classify(f: _Flow, flows: dict[tuple[str, int, int, int, bool, int], _Flow]
         if state == schema.FLOW_STATE_NOT_TRANSMITTED:
             finding.victim = True
             finding.suspect_rank, finding.suspect_side = f.peer, SIDE_SEND
-            sent = f"; the sender's flow is {flow_state(other.g, other.t, other.d, other.steps)}" if other else ""
+            sender_state = schema.flow_state(other.g, other.t, other.d, other.steps) if other else ""
+            sent = f"; the sender's flow is {sender_state}" if other else ""
             finding.evidence = f"{me}: receive posted, no data from rank {f.peer}{sent}"
         elif state == schema.FLOW_STATE_NOT_DELIVERED:
             finding.suspect_rank, finding.suspect_side = f.rank, SIDE_RECV

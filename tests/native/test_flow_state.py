@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from mycroft.rca_service.flow_state import SIDE_RECV, SIDE_SEND, classify_flows, culprits, flow_state, summarize
+from mycroft.rca_service.flow_state import SIDE_RECV, SIDE_SEND, classify_flows, culprits, summarize
 
 from mycroft import schema
+from mycroft.schema import flow_state
 
 
 @pytest.mark.parametrize(("g", "t", "d", "steps", "state"), [

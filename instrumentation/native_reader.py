@@ -25,7 +25,6 @@ from pathlib import Path
 
 from mycroft.native import ring as ringmod
 from mycroft.native.ring import Record, Ring, RingError
-from mycroft.rca_service.flow_state import flow_state
 
 from mycroft import schema
 from mycroft.otlp import AttrValue, SpanRecord
@@ -223,7 +222,7 @@ class NativeReader:
             schema.ATTR_FLOW_GPU_READY: g,
             schema.ATTR_FLOW_TRANSMITTED: t,
             schema.ATTR_FLOW_DONE: d,
-            schema.ATTR_FLOW_STALL_STATE: flow_state(g, t, d, steps),
+            schema.ATTR_FLOW_STALL_STATE: schema.flow_state(g, t, d, steps),
             schema.ATTR_BYTES: int(f["bytes"]),
         }
 

@@ -273,10 +273,12 @@ static inline mc_parent_t* child_parent(void* parentObj, uint64_t now, uint64_t*
 
 static inline void child_done(mc_parent_t* p, uint64_t now) {
   if (!p) return;
-  /* a collective's children all run on its communicator's proxy thread: a plain max suffices
-   * (a lost update between two threads would only make the end time a little early) */
-  if (atomic_load_explicit(&p->end_ns, memory_order_relaxed) < now)
-    atomic_store_explicit(&p->end_ns, now, memory_order_relaxed);
+  /* atomic max, lock-free: children may stop on different proxy threads, and a lost update
+   * would end the collective before its last flow */
+  uint64_t cur = atomic_load_explicit(&p->end_ns, memory_order_relaxed);
+  while (cur < now &&
+         !atomic_compare_exchange_weak_explicit(&p->end_ns, &cur, now, memory_order_relaxed, memory_order_relaxed)) {
+  }
   atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
   atomic_fetch_sub_explicit(&p->children, 1, memory_order_acq_rel);
 }

@@ -639,10 +639,23 @@ static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_r
   }
 }
 
+/* monotonic -> wall clock, fixed once per process: records written in different publish
+ * cycles (a flow's, then its collective's) must convert on the same offset, or a child can
+ * appear to end after its parent. NTP slews wall time by ppm, so a fixed offset is fine. */
+static int64_t mono_to_real_offset(void) {
+  static _Atomic int64_t offset;
+  static _Atomic int set;
+  if (!atomic_load_explicit(&set, memory_order_acquire)) {
+    atomic_store_explicit(&offset, (int64_t)real_ns() - (int64_t)mono_ns(), memory_order_relaxed);
+    atomic_store_explicit(&set, 1, memory_order_release);
+  }
+  return atomic_load_explicit(&offset, memory_order_relaxed);
+}
+
 static void publish_all(int force_snapshot) {
   uint64_t now = mono_ns();
-  uint64_t now_real = real_ns();
-  int64_t off = (int64_t)now_real - (int64_t)now;
+  int64_t off = mono_to_real_offset();
+  uint64_t now_real = (uint64_t)((int64_t)now + off);
   int snapshot = force_snapshot || now - g.last_snapshot_ns >= g.snapshot_ns;
   if (snapshot) g.last_snapshot_ns = now;
   for (mc_ctx_t* c = g.live; c; c = c->next) publish_ctx(c, now, off, now_real, snapshot, 0);
@@ -782,10 +795,11 @@ static mcNcclResult_t core_finalize(void* context) {
     *pp = ctx->next;
     g.nlive--;
     uint64_t now = mono_ns();
-    uint64_t now_real = real_ns();
+    int64_t off = mono_to_real_offset();
+    uint64_t now_real = (uint64_t)((int64_t)now + off);
     /* completed events first, then whatever is still open is closed as aborted */
-    publish_ctx(ctx, now, (int64_t)now_real - (int64_t)now, now_real, 0, 0);
-    publish_ctx(ctx, now, (int64_t)now_real - (int64_t)now, now_real, 0, 1);
+    publish_ctx(ctx, now, off, now_real, 0, 0);
+    publish_ctx(ctx, now, off, now_real, 0, 1);
     emit_comm(ctx, MC_REC_COMM_END, now_real);
     atomic_store_explicit(&g.ring->live_comms, (uint32_t)g.nlive, memory_order_relaxed);
     if (g.nlive == 0) {

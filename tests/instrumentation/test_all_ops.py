@@ -41,7 +41,7 @@ def _ops(spans: list) -> list:
 
 def _groups_of(stdout: str, label: str) -> set[str]:
     """Names of the group(s) the ranks reported for one step (a mesh dim has one group per slice)."""
-    names = set(re.findall(rf"DID {label} group=(\S+)", stdout))
+    names = set(re.findall(rf"DID {label} group=\[([^\]]+)\]", stdout))
     assert names, f"job did not report {label}"
     return names
 

@@ -61,13 +61,14 @@ def test_sigterm_gives_a_final_heartbeat_even_inside_a_collective(otlp_sink: tup
     try:
         assert process.stdout is not None
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and "blocking" not in pids:
+        blocking = False
+        while time.monotonic() < deadline and not (blocking and len(pids) == 2):
             line = process.stdout.readline()
-            if match := re.match(r"PID (\d+) (\d+)", line):
-                pids[int(match.group(1))] = int(match.group(2))
-            if line.startswith("BLOCKING"):
-                break
-        assert len(pids) == 2
+            # ranks write unbuffered into one pipe: two reports can share a line
+            for rank, pid in re.findall(r"PID (\d+) (\d+)", line):
+                pids[int(rank)] = int(pid)
+            blocking = blocking or "BLOCKING" in line
+        assert len(pids) == 2 and blocking
         # rank 0 is now inside all_reduce (C++), rank 1 sleeps in Python
         assert sink.wait_for(lambda spans: any(2 in b.attributes[schema.ATTR_HB_INFLIGHT_SEQS]
                                                for b in _beats(spans, 0)), 20)

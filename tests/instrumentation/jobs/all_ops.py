@@ -10,7 +10,8 @@ import torch.distributed._functional_collectives as funcol
 
 
 def did(label: str, **facts: object) -> None:
-    print("DID", label, " ".join(f"{k}={v}" for k, v in facts.items()), flush=True)
+    # values in brackets: ranks write into one pipe unbuffered, so reports can run together
+    print("DID", label, " ".join(f"{k}=[{v}]" for k, v in facts.items()), flush=True)
 
 
 def main() -> None:

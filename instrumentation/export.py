@@ -11,6 +11,7 @@ import collections
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -161,13 +162,9 @@ class Shipper:
                     self._export(batch)
                 finally:
                     self._busy = False
-            elif not self._stopping:
-                continue
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until the queue is empty and no export is running, or the timeout passes."""
-        import time
-
         deadline = time.monotonic() + timeout_s
         with self._wake:
             self._wake.notify()

@@ -117,6 +117,7 @@ class Recorder:
         self._drop_logged = False
         self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
         self.funcol_pending: dict[int, OpRecord] = {}
+        self.failures_pending = False  # a failed op is queued: the runtime ships it at once
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
@@ -205,6 +206,7 @@ class Recorder:
         record.error = f"{type(exc).__name__}: {exc}"[:512]
         timeout = "timeout" in record.error.lower() or "timed out" in record.error.lower()
         self.complete(record, state=schema.STATE_TIMEOUT if timeout else schema.STATE_ERROR)
+        self.failures_pending = True
 
     def complete(self, record: OpRecord, state: str = schema.STATE_COMPLETED,
                  timing: str = schema.TIMING_EXACT) -> None:

@@ -199,7 +199,9 @@ class Runtime:
         self._drain_ops()
         self._drain_native()
         now = time.time_ns()
-        if now - self._last_hb_ns >= self.config.heartbeat_interval_s * 1e9:
+        # the first heartbeat goes out at once (init): a rank that dies before its first
+        # interval is over must still be known to the RCA as a heartbeating rank
+        if self._hb_counter == 0 or now - self._last_hb_ns >= self.config.heartbeat_interval_s * 1e9:
             self.shipper.submit([self._heartbeat(now)], urgent=True)
 
     def _drain_ops(self) -> None:
@@ -209,7 +211,9 @@ class Runtime:
         spans: list[SpanRecord] = []
         for _ in range(len(queue)):
             spans.append(op_span(queue.popleft(), self.job_id, self.rank))
-        self.shipper.submit(spans)
+        # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
+        urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
+        self.shipper.submit(spans, urgent=urgent)
 
     def _drain_native(self) -> None:
         if not self.config.native:

@@ -117,6 +117,7 @@ def heartbeat_attributes(
         schema.ATTR_HB_INFLIGHT_AGES_S: [round(max(0, now_ns - record.start_ns) / 1e9, 4) for record in ops],
         schema.ATTR_HB_INFLIGHT_PEERS: [record.peer if record.op in schema.P2P_OPS else -1 for record in ops],
         schema.ATTR_HB_INFLIGHT_BYTES: [record.bytes for record in ops],
+        schema.ATTR_HB_INFLIGHT_DTYPES: [readable(record.dtype) for record in ops],
         schema.ATTR_HB_IDLE_S: round(idle_s, 4),
     }
 

@@ -139,6 +139,7 @@ ATTR_HB_INFLIGHT_OPS: Final = "mycroft.hb.inflight.ops"
 ATTR_HB_INFLIGHT_AGES_S: Final = "mycroft.hb.inflight.ages_s"
 ATTR_HB_INFLIGHT_PEERS: Final = "mycroft.hb.inflight.peers"  # -1 for collectives
 ATTR_HB_INFLIGHT_BYTES: Final = "mycroft.hb.inflight.bytes"
+ATTR_HB_INFLIGHT_DTYPES: Final = "mycroft.hb.inflight.dtypes"  # element type per in-flight op ("" unknown)
 
 # Native per-flow counters of in-flight NCCL ops (parallel arrays)
 ATTR_HB_FLOW_COMMS: Final = "mycroft.hb.flow.comms"  # NCCL commHash, hex

@@ -214,6 +214,7 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     ages = _list(a.get(schema.ATTR_HB_INFLIGHT_AGES_S))
     peers = _list(a.get(schema.ATTR_HB_INFLIGHT_PEERS))
     sizes = _list(a.get(schema.ATTR_HB_INFLIGHT_BYTES))
+    dtypes = _list(a.get(schema.ATTR_HB_INFLIGHT_DTYPES))
     inflight: list[InFlight] = []
     for i, gid in enumerate(gids):
         op = InFlight(
@@ -233,7 +234,8 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
             _advance(rank.issued, op.group_id, op.seq)
             group = job.groups.get(op.group_id)
             if group is not None:
-                _seq_record(group, op.seq, cfg).sigs.setdefault(rank.rank, (op.op, op.bytes, ""))
+                dtype = str(dtypes[i]) if i < len(dtypes) else ""
+                _seq_record(group, op.seq, cfg).sigs.setdefault(rank.rank, (op.op, op.bytes, dtype))
     rank.inflight = [op for op in inflight if not _done(rank, op)]
     flows = {key: _list(value) for key, value in a.items() if key.startswith("mycroft.hb.flow.")}
     rank.flows = flows

@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from mycroft.rca_service.inject import MATRIX, NET_FAULTS, _pct, interruptible, local_rca, run_one, table
+from mycroft.faults.inject import MATRIX, NET_FAULTS, _pct, interruptible, local_rca, run_one, table
 
 
 def main() -> int:

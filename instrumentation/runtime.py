@@ -34,9 +34,14 @@ from mycroft.otlp import AttrValue, SpanRecord
 log = logging.getLogger("mycroft.instrumentation")
 
 JOB_ID_STORE_KEY = "mycroft/job_id"
-# Frames of Mycroft's own code are dropped from reported stacks.
-_OUR_DIRS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
-             os.path.dirname(os.path.abspath(schema.__file__)) + os.sep)
+# Frames of Mycroft's own code are dropped from reported stacks: the instrumentation and the
+# top-level mycroft modules, but not mycroft.faults (its jobs are the user code under test).
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OUR_PACKAGE = os.path.dirname(os.path.abspath(schema.__file__))
+
+
+def _ours(filename: str) -> bool:
+    return filename.startswith(_OUR_DIR) or os.path.dirname(filename) == _OUR_PACKAGE
 
 
 def negotiate_job_id(configured: str | None) -> str:
@@ -62,8 +67,7 @@ def main_thread_stack(depth: int) -> str:
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     if frame is None:
         return ""
-    frames = [entry for entry in traceback.extract_stack(frame)
-              if not entry.filename.startswith(_OUR_DIRS)]
+    frames = [entry for entry in traceback.extract_stack(frame) if not _ours(entry.filename)]
     return "\n".join(f"{entry.filename}:{entry.lineno} in {entry.name}" for entry in frames[-depth:])
 
 

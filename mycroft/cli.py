@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mycroft.demo", "run the end-to-end demo: traced multi-rank job, injected fault, RCA verdict"),
     "rca": ("mycroft.rca_service.cli", "root cause analysis service: serve | analyze"),
-    "inject": ("mycroft.rca_service.inject", "launch an instrumented job, inject a fault, score the incident"),
+    "inject": ("mycroft.faults.inject", "launch an instrumented job, inject a fault, score the incident"),
     "processor": ("mycroft.collector_processor.cli", "standalone OTLP processor service: serve"),
     "collector": ("mycroft.collector_processor.cli_collector", "embedded collector (rotel + processor): run"),
     "native": ("mycroft.native.cli", "NCCL profiler plugin: path | build | dump PID"),

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-collector", action="store_true", help="ranks export straight to the RCA service")
     args = parser.parse_args(argv)
 
-    from mycroft.rca_service.inject import local_rca, run_one
+    from mycroft.faults.inject import local_rca, run_one
 
     rng = random.Random(args.seed)
     # the job inherits this: heartbeats carry the main-thread stack after 0.5 s outside communication,
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"and to {traces.endpoint}")
             target = _ThroughCollector(grpc_address, rca)
         print("  launching: opentelemetry-instrument torchrun --nproc-per-node "
-              f"{args.nproc} -m mycroft.rca_service.faultjob ...")
+              f"{args.nproc} -m mycroft.faults.faultjob ...")
         result = run_one(target, args.fault, nproc=args.nproc, rank=args.rank, step=args.step, rng=rng,
                          log_dir=str(out), linger_s=3.0)
         trace_path = out / f"{result.job}.otlp.json"

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mycroft.rca_service.inject import local_rca, run_one
+
+from mycroft.faults.inject import local_rca, run_one
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from mycroft.rca_service import netfault
-from mycroft.rca_service.inject import RunResult, local_rca, run_one
+
+from mycroft.faults import netfault
+from mycroft.faults.inject import RunResult, local_rca, run_one
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 

@@ -180,7 +180,7 @@ def test_real_flight_recorder_dumps_of_a_hung_gloo_job(tmp_path: Path) -> None:
     """Rank 1 sleeps before an all_reduce; every rank dumps its Flight Recorder; analyze names rank 1."""
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE="2000", FR_OUT=str(tmp_path), OMP_NUM_THREADS="1")
     bin_dir = Path(sys.executable).parent
-    from mycroft.rca_service.inject import free_port
+    from mycroft.faults.inject import free_port
 
     proc = subprocess.run([str(bin_dir / "torchrun"), "--nproc-per-node", "3", "--master-port", str(free_port()),
                            str(JOBS / "fr_hang.py")], env=env, capture_output=True, text=True, timeout=120)

@@ -49,7 +49,7 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
 }
 MATRIX = ("block", "sigkill", "sigstop", "straggler", "mismatch", "deadlock", "chain", "none")
 MIN_NPROC = {"chain": 4, "mismatch": 3, "mismatch_size": 3}
-NET_FAULTS = ("linkdown", "throttle")  # rca_service/netfault.py: namespaces, ip link, tc
+NET_FAULTS = ("linkdown", "throttle")  # mycroft/faults/netfault.py: namespaces, ip link, tc
 
 
 @dataclass
@@ -98,7 +98,7 @@ class RemoteRca:
 @contextlib.contextmanager
 def local_rca(db_dir: str | None = None, host: str = "127.0.0.1", **options: Any) -> Iterator[Any]:
     """An in-process RCA service on free ports of `host` with a temporary database."""
-    from .service import RcaService, ServiceOptions
+    from mycroft.rca_service.service import RcaService, ServiceOptions
 
     tmp = tempfile.mkdtemp(prefix="mycroft-rca-") if db_dir is None else db_dir
     service = RcaService(ServiceOptions(otlp_grpc=f"{host}:0", otlp_http=f"{host}:0", http=f"{host}:0",
@@ -125,7 +125,7 @@ def job_command(nproc: int, master_port: int) -> list[str]:
     bin_dir = Path(sys.executable).parent
     torchrun = [str(bin_dir / "torchrun"), "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
                 "--master-port", str(master_port), "--monitor-interval", "0.1",
-                "-m", "mycroft.rca_service.faultjob"]
+                "-m", "mycroft.faults.faultjob"]
     return [str(bin_dir / "opentelemetry-instrument"), *torchrun]
 
 

@@ -132,7 +132,7 @@ def launch(topo: Topology, rca_grpc: str, job: str, fault_rank: int, step: int, 
         command = ["ip", "netns", "exec", topo.ns(rank), str(bin_dir / "opentelemetry-instrument"),
                    str(bin_dir / "torchrun"), "--nnodes", str(topo.nproc), "--node-rank", str(rank),
                    "--nproc-per-node", "1", "--master-addr", topo.addr(0), "--master-port", str(master_port),
-                   "--monitor-interval", "0.1", "-m", "mycroft.rca_service.faultjob"]
+                   "--monitor-interval", "0.1", "-m", "mycroft.faults.faultjob"]
         with open(f"{log_path}.{rank}", "wb") as log:
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))

@@ -1,6 +1,6 @@
 """A tiny gloo training job that injects one fault; a torchrun target for `mycroft inject`.
 
-    torchrun --nproc-per-node 4 -m mycroft.rca_service.faultjob
+    torchrun --nproc-per-node 4 -m mycroft.faults.faultjob
 
 Driven by environment variables (the harness sets them):
   MYCROFT_FAULT        none | block | sigkill | sigstop | straggler | mismatch | mismatch_size |

@@ -63,7 +63,7 @@ class MycroftConfig:
     enabled: bool = True
     job_id: str | None = None  # None: negotiated through the c10d store at init
     heartbeat_interval_s: float = 1.0
-    stack_after_s: float = 1.0
+    stack_after_s: float = 0.5
     stack_depth: int = 8
     queue_size: int = 65536
     export_batch: int = 512
@@ -87,7 +87,7 @@ class MycroftConfig:
             enabled=_bool(ENV_ENABLED, True) and not _bool("OTEL_SDK_DISABLED", False),
             job_id=job,
             heartbeat_interval_s=_float(ENV_HEARTBEAT_INTERVAL, 1.0, 0.01),
-            stack_after_s=_float(ENV_STACK_AFTER, 1.0, 0.0),
+            stack_after_s=_float(ENV_STACK_AFTER, 0.5, 0.0),
             stack_depth=_int(ENV_STACK_DEPTH, 8),
             queue_size=_int(ENV_QUEUE_SIZE, 65536, 16),
             export_batch=_int(ENV_EXPORT_BATCH, 512),

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from .findings import at_least
 from .incidents import RESOLVED, Incident, rfc3339
 from .store import Store
 
@@ -28,6 +29,18 @@ SIGNATURE_HEADER = "X-Mycroft-Signature"
 WEBHOOK = "webhook"
 ALERTMANAGER = "alertmanager"
 FIRING_ENDS_AFTER_S = 900.0  # Alertmanager drops a firing alert not re-pushed by then
+
+
+def should_alert(action: str, incident: Incident, min_severity: str) -> bool:
+    """Only what is meant to page someone reaches webhooks and Alertmanager.
+
+    An incident is sent once it reaches `min_severity` (default critical), then on every
+    change while firing, and its resolution only if it was sent: a normal pause (info), a
+    slowdown (warning) or a teardown's consequence never page at the default.
+    """
+    if action == "resolved":
+        return incident.alerted
+    return incident.alerted or at_least(incident.severity, min_severity)
 
 
 def alert_labels(incident: Incident) -> dict[str, str]:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from .config import AnalysisConfig
+from .pauses import DEFAULT_PHASES, Phase
 
 _DEFAULTS = AnalysisConfig()
 
@@ -25,6 +27,29 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds a condition must stay clear before its incident resolves")
     parser.add_argument("--job-ttl", type=float, default=_DEFAULTS.job_ttl_s,
                         help="forget a job silent this long, seconds")
+    parser.add_argument("--pause-budget", type=float, default=_DEFAULTS.pause_budget_s,
+                        help="any rank outside communication for less than this is a normal pause (info), "
+                        "seconds; 0: only expected phases and learned pauses are (default %(default)s)")
+    parser.add_argument("--phase", action="append", metavar="NAME=REGEX:BUDGET_S",
+                        help="an expected phase: a regular expression over the holder's stack and its budget; "
+                        "replaces the defaults (" + ", ".join(f"{p.name} {p.budget_s:g}s" for p in DEFAULT_PHASES)
+                        + "); repeat for more; --phase none for no phases")
+
+
+def parse_phase(text: str) -> Phase:
+    """NAME=REGEX:BUDGET_S -> Phase (the budget after the last colon)."""
+    name, sep, rest = text.partition("=")
+    pattern, colon, budget = rest.rpartition(":")
+    if not sep or not colon or not name.strip() or not pattern:
+        raise ValueError(f"--phase {text!r}: expected NAME=REGEX:BUDGET_S")
+    try:
+        re.compile(pattern)
+        seconds = float(budget)
+    except (re.error, ValueError) as exc:
+        raise ValueError(f"--phase {text!r}: {exc}") from None
+    if seconds <= 0:
+        raise ValueError(f"--phase {text!r}: the budget must be > 0")
+    return Phase(name.strip(), pattern, seconds)
 
 
 def _config(args: argparse.Namespace) -> AnalysisConfig:
@@ -32,8 +57,16 @@ def _config(args: argparse.Namespace) -> AnalysisConfig:
         value = getattr(args, name)
         if value is None or value <= 0:
             raise SystemExit(f"mycroft rca: --{name.replace('_', '-')} must be > 0")
+    if args.pause_budget < 0:
+        raise SystemExit("mycroft rca: --pause-budget must be >= 0")
+    phases = DEFAULT_PHASES
+    if args.phase:
+        try:
+            phases = tuple(parse_phase(p) for p in args.phase if p.strip().lower() != "none")
+        except ValueError as exc:
+            raise SystemExit(f"mycroft rca: {exc}") from None
     return dataclasses.replace(AnalysisConfig(), hang_min_s=args.hang_min, resolve_after_s=args.resolve_after,
-                               job_ttl_s=args.job_ttl)
+                               job_ttl_s=args.job_ttl, pause_budget_s=args.pause_budget, phases=phases)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -43,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
         otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http, http=args.http, db=args.db,
         webhooks=args.webhook or [], webhook_secret=args.webhook_secret or os.environ.get("MYCROFT_WEBHOOK_SECRET"),
         alertmanager=args.alertmanager, forward=args.forward, external_url=args.external_url or "",
-        tick_s=args.tick, analysis=_config(args))
+        tick_s=args.tick, analysis=_config(args), alert_min_severity=args.alert_min_severity)
     try:
         service = RcaService(options).start()
     except (OSError, ValueError) as exc:
@@ -129,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--forward", metavar="OTLP_ENDPOINT",
                        help="tee received spans to http(s)://host:port (OTLP/HTTP) or host:port (OTLP/gRPC)")
     serve.add_argument("--external-url", help="this service's URL, for links in alerts")
+    serve.add_argument("--alert-min-severity", choices=("info", "warning", "critical"), default="critical",
+                       help="the least severity sent to webhooks / Alertmanager (default %(default)s: only what "
+                       "should page someone; every incident is in the API either way)")
     serve.add_argument("--tick", type=float, default=0.2, help="analysis period, seconds")
     serve.add_argument("-v", "--verbose", action="store_true")
     _config_args(serve)

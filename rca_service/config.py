@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .pauses import DEFAULT_PHASES, Phase
+
 
 @dataclass(frozen=True, slots=True)
 class AnalysisConfig:
@@ -37,6 +39,20 @@ class AnalysisConfig:
     straggler_lag_only_fraction: float = 0.5  # lag >= fraction * median interval
     # a condition must clear for this long before its incident resolves
     resolve_after_s: float = 3.0
+    # normal pauses (pauses.py): expected phases by stack pattern, each with its budget; pauses
+    # this job made before and resumed from get learned_pause_factor x the longest one (clamped);
+    # pause_budget_s > 0 makes any not-entered holder a pause for that long
+    phases: tuple[Phase, ...] = DEFAULT_PHASES
+    pause_budget_s: float = 0.0
+    learned_pause_factor: float = 3.0
+    learned_pause_min_s: float = 10.0
+    learned_pause_max_s: float = 600.0
+    # a not-entered holder without a stack yet: the hang stays a warning until its stack arrives,
+    # or until it has been idle this long plus one heartbeat interval (no stack is coming)
+    stack_wait_s: float = 1.0
+    # incidents that fire while an earlier critical one of the job is open (or resolved less than
+    # this long ago) and name only lost / exited ranks are its consequences (teardown, aborted peers)
+    consequence_window_s: float = 120.0
     # bounded memory
     max_seqs_per_group: int = 256
     max_groups_per_job: int = 4096

@@ -14,9 +14,11 @@ from typing import Any
 from mycroft.otlp import SpanRecord
 
 from .config import AnalysisConfig
+from .findings import HANG, RC_NOT_ENTERED
 from .incidents import Event, Incident, IncidentTracker
+from .pauses import learn
 from .state import JobState, apply_records, expire_jobs
-from .triggers import statuses
+from .triggers import spoke_at, statuses
 from .verdict import analyze_job
 
 
@@ -33,7 +35,7 @@ class Engine:
     def __init__(self, cfg: AnalysisConfig | None = None, firing: list[Incident] | None = None) -> None:
         self.cfg = cfg or AnalysisConfig()
         self.jobs: dict[str, JobState] = {}
-        self.tracker = IncidentTracker(self.cfg.resolve_after_s, firing)
+        self.tracker = IncidentTracker(self.cfg.resolve_after_s, firing, self.cfg.consequence_window_s)
         self.last_pass = PassStats()
 
     def ingest(self, records: Iterable[SpanRecord], received_at: float, *, use_span_time: bool = False) -> int:
@@ -54,7 +56,11 @@ class Engine:
         for job_id, job in list(self.jobs.items()):
             t0 = time.perf_counter()
             findings = analyze_job(job, now, self.cfg)
-            events.extend(self.tracker.observe(job_id, findings, now))
+            job_events = self.tracker.observe(job_id, findings, now)
+            for event in job_events:
+                if event.action == "resolved":
+                    self._learn_pause(job, event.incident)
+            events.extend(job_events)
             took = time.perf_counter() - t0
             if took > stats.max_job_seconds:
                 stats.max_job_seconds, stats.slowest_job = took, job_id
@@ -62,6 +68,23 @@ class Engine:
         stats.seconds = time.perf_counter() - started
         self.last_pass = stats
         return events
+
+    def _learn_pause(self, job: JobState, incident: Incident) -> None:
+        """A hang that cleared on its own, held by ranks alive elsewhere, was a pause: remember it."""
+        if incident.kind != HANG or incident.consequence_of or not incident.root_causes:
+            return
+        if any(c.get("kind") != RC_NOT_ENTERED for c in incident.root_causes):
+            return
+        if incident.evidence.get("resolved_because") != "condition cleared" or \
+                job.last_progress_at <= incident.detected_at:
+            return  # torn down, not resumed
+        held = max(0.0, incident.last_seen_at - incident.detected_at) + float(
+            incident.evidence.get("threshold_s", 0.0) or 0.0)
+        for cause in incident.root_causes:
+            stack = str(cause.get("evidence", {}).get("stack", ""))
+            rank = job.ranks.get(cause.get("rank", -1))
+            if rank is not None and not rank.final:
+                learn(job.pauses, rank.rank, stack, held)
 
     def jobs_summary(self, now: float) -> list[dict[str, Any]]:
         """Live view for GET /api/v1/jobs: ranks, groups and progress per job."""
@@ -82,9 +105,10 @@ class Engine:
                 })
             ranks = []
             for rank in list(job.ranks.values())[:1024]:
+                spoke = spoke_at(job, rank) or rank.last_seen
                 ranks.append({
                     "rank": rank.rank, "status": status.get(rank.rank), "host": rank.host, "pid": rank.pid,
-                    "heartbeat": rank.hb_counter, "silent_s": round(max(0.0, now - rank.last_hb_at), 3),
+                    "heartbeat": rank.heartbeat_number, "silent_s": round(max(0.0, now - spoke), 3),
                     "idle_s": round(rank.idle_at(now), 3), "exit_reason": rank.exit_reason or None,
                     "in_flight": [{"group_id": op.group_id, "seq": op.seq, "op": op.op, "peer": op.peer,
                                    "age_s": round(op.age_at(now), 3)} for op in rank.inflight],

@@ -23,9 +23,19 @@ RC_DEADLOCK = "deadlock"  # member of a wait-for cycle
 RC_LINK = "link"  # everyone issued, the data does not move: network / transport
 RC_COMMUNICATION = "communication"  # ops slower with normal arrival skew
 
-# how bad, for alert labels
-SEVERITY = {HANG: "critical", CRASH: "critical", DEADLOCK: "critical", MISMATCH: "critical",
-            STALL: "warning", SLOWDOWN: "warning"}
+# how bad: what an operator should do about it (docs/rca.md, "Severities")
+INFO = "info"  # worth seeing in the API, not worth a page: a normal pause, a mild imbalance
+WARNING = "warning"  # the job is slower than it should be, or the evidence is still incomplete
+CRITICAL = "critical"  # the job is stuck or broken: page someone
+SEVERITY_ORDER = {INFO: 0, WARNING: 1, CRITICAL: 2}
+
+# the default severity of each incident kind (the verdict may lower or raise it, saying why)
+SEVERITY = {HANG: CRITICAL, CRASH: CRITICAL, DEADLOCK: CRITICAL, MISMATCH: CRITICAL,
+            STALL: WARNING, SLOWDOWN: WARNING}
+
+
+def at_least(severity: str, floor: str) -> bool:
+    return SEVERITY_ORDER.get(severity, 1) >= SEVERITY_ORDER.get(floor, 2)
 
 
 @dataclass(slots=True)
@@ -48,6 +58,12 @@ class Finding:
     root_causes: list[RootCause] = field(default_factory=list)
     graph: dict[str, Any] = field(default_factory=dict)  # wait-for graph summary
     evidence: dict[str, Any] = field(default_factory=dict)
+    severity: str = ""  # "" = the kind's default (SEVERITY)
+    severity_reason: str = ""  # why this severity, in words (a pause within budget, evidence pending, ...)
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            self.severity = SEVERITY.get(self.kind, WARNING)
 
     @property
     def key(self) -> str:
@@ -62,4 +78,6 @@ class Finding:
             "root_causes": [rc.to_dict() for rc in self.root_causes],
             "graph": self.graph,
             "evidence": self.evidence,
+            "severity": self.severity,
+            "severity_reason": self.severity_reason,
         }

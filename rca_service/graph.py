@@ -69,7 +69,7 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: fl
     blockers_cache: dict[Node, list[int]] = {}
     op_nodes: set[Node] = set()
     for rank in job.ranks.values():
-        if status.get(rank.rank) != ALIVE or not rank.inflight or late(rank, now, cfg) \
+        if status.get(rank.rank) != ALIVE or not rank.inflight or late(job, rank, now, cfg) \
                 or (rank.last_hb_at and rank.last_hb_at < fresh_after):
             continue
         me = rank_node(rank.rank)

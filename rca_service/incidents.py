@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .findings import SEVERITY, Finding
+from .findings import CRITICAL, RC_MISMATCH, RC_NOT_ENTERED, RC_PROCESS_EXITED, RC_PROCESS_LOST, SEVERITY, Finding
 
 FIRING = "firing"
 RESOLVED = "resolved"
@@ -43,19 +43,28 @@ class Incident:
     last_seen_at: float = 0.0  # last analysis pass that still saw the condition
     updates: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    severity: str = ""  # current; it may rise (a pause over budget) or fall while firing
+    severity_reason: str = ""
+    critical_at: float | None = None  # first time it was critical (what pages someone)
+    consequences: list[dict[str, Any]] = field(default_factory=list)  # later events it explains
+    consequence_of: str | None = None  # id of the earlier incident that explains this one
+    alerted: bool = False  # a firing alert went out (so its resolution goes out too)
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            self.severity = SEVERITY.get(self.kind, "warning")
 
     @property
     def key(self) -> str:
         return f"{self.job}/{self.kind}"
 
-    @property
-    def severity(self) -> str:
-        return SEVERITY.get(self.kind, "warning")
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "job": self.job, "kind": self.kind, "status": self.status,
-            "severity": self.severity,
+            "severity": self.severity, "severity_reason": self.severity_reason,
+            "critical_at": rfc3339(self.critical_at) if self.critical_at else None,
+            "critical_at_unix": self.critical_at,
+            "consequences": self.consequences, "consequence_of": self.consequence_of, "alerted": self.alerted,
             "detected_at": rfc3339(self.detected_at),
             "root_cause_at": rfc3339(self.root_cause_at) if self.root_cause_at else None,
             "resolved_at": rfc3339(self.resolved_at) if self.resolved_at else None,
@@ -76,6 +85,9 @@ class Incident:
             evidence=dict(d.get("evidence", {})), updated_at=parse_rfc3339(d["updated_at"]),
             root_cause_at=d.get("root_cause_at_unix"), resolved_at=d.get("resolved_at_unix"),
             last_seen_at=parse_rfc3339(d["updated_at"]), updates=int(d.get("updates", 0)),
+            severity=str(d.get("severity") or ""), severity_reason=str(d.get("severity_reason") or ""),
+            critical_at=d.get("critical_at_unix"), consequences=list(d.get("consequences") or []),
+            consequence_of=d.get("consequence_of"), alerted=bool(d.get("alerted", False)),
         )
 
 
@@ -91,12 +103,48 @@ def _cause_signature(causes: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
     return [(c.get("rank"), c.get("kind")) for c in causes]
 
 
-class IncidentTracker:
-    """Turns each pass's findings into incident events; holds only the firing incidents."""
+def _has_stack(causes: list[dict[str, Any]]) -> list[bool]:
+    return [bool(c.get("evidence", {}).get("stack")) for c in causes]
 
-    def __init__(self, resolve_after_s: float, firing: list[Incident] | None = None) -> None:
+
+# root-cause kinds a teardown produces: a rank that was killed (lost) or told to exit (exited)
+_AFTERMATH = {RC_PROCESS_LOST, RC_PROCESS_EXITED}
+# first causes that teardown cannot overrule: it was alive and elsewhere, or it diverged
+_FIRST_CAUSES = {RC_NOT_ENTERED, RC_MISMATCH}
+
+
+def _consequence(cause: dict[str, Any], now: float) -> dict[str, Any]:
+    text = str(cause.get("evidence", {}).get("text", ""))
+    return {"at": rfc3339(now), "at_unix": now, "rank": cause.get("rank"), "kind": cause.get("kind"), "text": text}
+
+
+class IncidentTracker:
+    """Turns each pass's findings into incident events; holds only the firing incidents.
+
+    One causal story: the first root cause of an incident stands. When the ranks it named
+    are later killed or told to exit (the operator's or torchrun's teardown, a peer aborted
+    by the library), that is recorded as a consequence, not as a new root cause; and an
+    incident that fires while an earlier critical one of the same job is open (or just
+    resolved) and names only lost / exited ranks is marked as its consequence, at info.
+    """
+
+    def __init__(self, resolve_after_s: float, firing: list[Incident] | None = None,
+                 consequence_window_s: float = 120.0) -> None:
         self.resolve_after_s = resolve_after_s
+        self.consequence_window_s = consequence_window_s
         self.active: dict[str, Incident] = {i.key: i for i in (firing or []) if i.status == FIRING}
+        self._recent_critical: dict[str, Incident] = {}  # job -> its latest critical incident
+
+    def _cause_of(self, job: str, causes: list[dict[str, Any]], now: float, key: str) -> Incident | None:
+        """The earlier critical incident that explains an incident naming only lost / exited ranks."""
+        if not causes or any(c.get("kind") not in _AFTERMATH for c in causes):
+            return None
+        earlier = self._recent_critical.get(job)
+        if earlier is None or earlier.key == key:
+            return None
+        if earlier.status == FIRING or (earlier.resolved_at and now - earlier.resolved_at <= self.consequence_window_s):
+            return earlier
+        return None
 
     def observe(self, job: str, findings: list[Finding], now: float) -> list[Event]:
         """Apply one analysis pass of one job."""
@@ -111,21 +159,23 @@ class IncidentTracker:
                     id=uuid.uuid4().hex[:16], job=job, kind=finding.kind, status=FIRING, detected_at=now,
                     summary=finding.summary, root_causes=causes, graph=finding.graph,
                     evidence=finding.evidence, updated_at=now, root_cause_at=now if causes else None,
-                    last_seen_at=now)
+                    last_seen_at=now, severity=finding.severity, severity_reason=finding.severity_reason)
+                cause = self._cause_of(job, causes, now, incident.key)
+                if cause is not None:
+                    incident.consequence_of = cause.id
+                    incident.severity = "info"
+                    incident.severity_reason = (f"a consequence of incident {cause.id} ({cause.kind}: "
+                                                f"{cause.summary[:160]})")
+                    cause.consequences.extend(_consequence(c, now) for c in causes[:16])
+                    cause.updated_at = now
+                    cause.updates += 1
+                    events.append(Event("updated", cause))
+                self._note_severity(incident, now)
                 self.active[finding.key] = incident
                 events.append(Event("fired", incident))
                 continue
             current.last_seen_at = now
-            if _cause_signature(causes) != _cause_signature(current.root_causes) or (
-                    causes and current.root_cause_at is None):
-                current.root_causes = causes
-                current.summary = finding.summary
-                current.graph = finding.graph
-                current.evidence = finding.evidence
-                current.updated_at = now
-                current.updates += 1
-                if causes and current.root_cause_at is None:
-                    current.root_cause_at = now
+            if self._update(current, finding, causes, now):
                 events.append(Event("updated", current))
         for key, incident in list(self.active.items()):
             if incident.job != job or key in seen:
@@ -134,8 +184,55 @@ class IncidentTracker:
                 events.append(self._resolve(key, now, "condition cleared"))
         return events
 
+    def _update(self, current: Incident, finding: Finding, causes: list[dict[str, Any]], now: float) -> bool:
+        """Fold one pass into a firing incident; True when something worth an event changed."""
+        old = current.root_causes
+        changed = False
+        if causes and old and _cause_signature(causes) != _cause_signature(old):
+            old_ranks = {c.get("rank") for c in old}
+            if all(c.get("kind") in _FIRST_CAUSES for c in old) and all(c.get("kind") in _AFTERMATH for c in causes):
+                # teardown after the fact: the first cause stands; what happened next is recorded
+                known = {(c.get("rank"), c.get("kind")) for c in current.consequences}
+                fresh = [c for c in causes if (c.get("rank"), c.get("kind")) not in known]
+                if fresh:
+                    current.consequences.extend(_consequence(c, now) for c in fresh[:16])
+                    changed = True
+                causes = []  # keep root causes, summary and severity as they were
+            elif old_ranks and {c.get("rank") for c in causes} == old_ranks and \
+                    all(c.get("kind") in _AFTERMATH for c in causes) and \
+                    all(c.get("kind") in _AFTERMATH for c in old):
+                causes = []  # lost <-> exited of the same ranks: no news
+        if causes and (_cause_signature(causes) != _cause_signature(old) or _has_stack(causes) != _has_stack(old)
+                       or current.root_cause_at is None):
+            # new root causes, or the same ones with their evidence completed (a stack arrived)
+            current.root_causes = causes
+            current.summary = finding.summary
+            current.graph = finding.graph
+            current.evidence = finding.evidence
+            if current.root_cause_at is None:
+                current.root_cause_at = now
+            changed = True
+        if causes and current.consequence_of is None and finding.severity != current.severity:
+            current.severity = finding.severity
+            current.severity_reason = finding.severity_reason
+            current.summary = finding.summary
+            current.evidence = finding.evidence
+            changed = True
+        if changed:
+            current.updated_at = now
+            current.updates += 1
+            self._note_severity(current, now)
+        return changed
+
+    def _note_severity(self, incident: Incident, now: float) -> None:
+        if incident.severity == CRITICAL:
+            if incident.critical_at is None:
+                incident.critical_at = now
+            self._recent_critical[incident.job] = incident
+
     def resolve_job(self, job: str, now: float, reason: str) -> list[Event]:
         """The job is gone (expired): close what is still open for it."""
+        self._recent_critical.pop(job, None)
         return [self._resolve(key, now, reason) for key, inc in list(self.active.items()) if inc.job == job]
 
     def _resolve(self, key: str, now: float, reason: str) -> Event:

@@ -15,7 +15,7 @@ from typing import Any
 from mycroft.otlp import SpanRecord
 from mycroft.otlp_server import OtlpReceiver, split_host_port
 
-from .alerts import Alerter
+from .alerts import Alerter, should_alert
 from .api import ApiServer
 from .config import AnalysisConfig
 from .engine import Engine
@@ -41,6 +41,7 @@ class ServiceOptions:
     tick_s: float = 0.2
     max_queued_spans: int = 500_000
     alertmanager_refresh_s: float = 60.0
+    alert_min_severity: str = "critical"  # info | warning | critical: the least that pages
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
@@ -111,14 +112,19 @@ class RcaService:
         self.metrics.set("mycroft_rca_analysis_seconds", took)
         self.metrics.set("mycroft_rca_jobs", jobs)
         for event in events:
-            self.store.save(event.incident)
-            self.metrics.inc("mycroft_rca_incident_events_total", action=event.action, kind=event.incident.kind)
-            log.warning("incident %s %s: %s", event.action, event.incident.id, event.incident.summary)
-            if self.alerter.enabled:
-                self.alerter.notify(event.incident, now)
+            incident = event.incident
+            page = self.alerter.enabled and should_alert(event.action, incident, self.options.alert_min_severity)
+            if page and event.action != "resolved":
+                incident.alerted = True
+            self.store.save(incident)  # before the alert: what was sent is always on record
+            self.metrics.inc("mycroft_rca_incident_events_total", action=event.action, kind=incident.kind)
+            level = logging.WARNING if incident.severity != "info" else logging.INFO
+            log.log(level, "incident %s %s (%s): %s", event.action, incident.id, incident.severity, incident.summary)
+            if page:
+                self.alerter.notify(incident, now)
         if self.alerter.enabled and now - self._last_refresh >= self.options.alertmanager_refresh_s:
             self._last_refresh = now
-            self.alerter.refresh(list(self.engine.tracker.active.values()), now)
+            self.alerter.refresh([i for i in self.engine.tracker.active.values() if i.alerted], now)
 
     def _run(self) -> None:
         while not self._stop.wait(self.options.tick_s):

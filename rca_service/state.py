@@ -16,6 +16,7 @@ from mycroft import schema
 from mycroft.otlp import SpanRecord
 
 from .config import AnalysisConfig
+from .pauses import LearnedPause
 
 Sig = tuple[str, int, str]  # (op, bytes, dtype) of one rank's op at one seq
 P2PKey = tuple[str, int, int]  # (group id, src, dst)
@@ -46,9 +47,10 @@ class RankState:
     rank: int
     host: str = ""
     pid: int = 0
+    first_seen: float = 0.0  # received time of the first record from this process
     last_seen: float = 0.0  # received time of the last record from this rank
-    last_hb_at: float = 0.0  # received time of the last heartbeat
-    hb_counter: int = -1
+    last_hb_at: float = 0.0  # received time of the last heartbeat (0: none yet)
+    hb_counter: int = -1  # -1: no heartbeat yet (never shown as such: see heartbeat_number)
     hb_interval: float = 1.0
     final: bool = False
     exit_reason: str = ""
@@ -68,7 +70,21 @@ class RankState:
     def idle_at(self, now: float) -> float:
         if self.inflight:
             return 0.0
+        if not self.idle_observed_at:  # no heartbeat yet: idle since its first record at most
+            return max(0.0, now - self.first_seen) if self.first_seen else 0.0
         return self.idle_s + max(0.0, now - self.idle_observed_at)
+
+    @property
+    def heartbeat_number(self) -> int | None:
+        return self.hb_counter if self.hb_counter >= 0 else None
+
+    def spoke_at(self, job_heartbeats: bool) -> float:
+        """When this rank last proved it was alive: its last heartbeat; before its first one,
+        its first record (in a job whose ranks heartbeat, a rank that sent spans and then no
+        heartbeat is judged from there). 0.0 when liveness cannot be judged (spans-only data)."""
+        if self.last_hb_at:
+            return self.last_hb_at
+        return self.first_seen if job_heartbeats else 0.0
 
 
 @dataclass(slots=True)
@@ -107,6 +123,8 @@ class JobState:
     spans: int = 0
     heartbeats: int = 0
     dropped_records: int = 0
+    hb_interval: float = 1.0  # the interval the job's ranks last reported (for ranks not heard from yet)
+    pauses: dict[tuple[int, str], LearnedPause] = field(default_factory=dict)  # pauses it resumed from
 
     def max_interval(self) -> float:
         return max((r.hb_interval for r in self.ranks.values()), default=1.0)
@@ -158,7 +176,7 @@ def _rank_state(job: JobState, record: SpanRecord, rank: int, received_at: float
     pid = _int(record.resource.get(schema.RES_PROCESS_PID), 0)
     if state is None or (pid and state.pid and pid != state.pid):
         # new process for this rank (first sight or a restart): frontiers start over
-        state = job.ranks[rank] = RankState(rank=rank)
+        state = job.ranks[rank] = RankState(rank=rank, first_seen=received_at, hb_interval=job.hb_interval)
     state.pid = pid or state.pid
     state.host = str(record.resource.get(schema.RES_HOST_NAME, state.host))
     state.last_seen = max(state.last_seen, received_at)
@@ -182,6 +200,7 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank.hb_counter = counter
     rank.last_hb_at = max(rank.last_hb_at, received_at)
     rank.hb_interval = _float(a.get(schema.ATTR_HB_INTERVAL_S), rank.hb_interval) or rank.hb_interval
+    job.hb_interval = rank.hb_interval
     rank.final = bool(a.get(schema.ATTR_HB_FINAL, False)) or rank.final
     if rank.final:
         rank.exit_reason = str(a.get(schema.ATTR_HB_EXIT_REASON, rank.exit_reason or "exit"))

@@ -31,15 +31,22 @@ def lost_after(rank: RankState, cfg: AnalysisConfig) -> float:
     return cfg.lost_intervals * rank.hb_interval + cfg.lost_slack_s
 
 
+def spoke_at(job: JobState, rank: RankState) -> float:
+    """When the rank last proved it was alive; 0.0 where liveness cannot be judged."""
+    return rank.spoke_at(job.heartbeats > 0)
+
+
 def rank_status(job: JobState, rank_id: int, now: float, cfg: AnalysisConfig) -> str:
     rank = job.ranks.get(rank_id)
     if rank is None:
         return UNSEEN
     if rank.final:
         return EXITED
-    if rank.last_hb_at and now - rank.last_hb_at > lost_after(rank, cfg):
+    spoke = spoke_at(job, rank)
+    if spoke and now - spoke > lost_after(rank, cfg):
         return LOST
-    return ALIVE  # without heartbeats (spans only) silence proves nothing: an idle rank sends no spans
+    # spans-only data (no rank of the job heartbeats): silence proves nothing, an idle rank sends no spans
+    return ALIVE
 
 
 def statuses(job: JobState, now: float, cfg: AnalysisConfig) -> dict[int, str]:
@@ -60,10 +67,10 @@ def hang_threshold(job: JobState, cfg: AnalysisConfig) -> float:
     return min(cfg.hang_max_s, max(cfg.hang_min_s, cfg.hang_factor * p95))
 
 
-def late(rank: RankState, now: float, cfg: AnalysisConfig) -> bool:
+def late(job: JobState, rank: RankState, now: float, cfg: AnalysisConfig) -> bool:
     """Missed a heartbeat: what it last said may no longer hold (it may be dead)."""
-    return bool(rank.last_hb_at) and now - rank.last_hb_at > cfg.suspect_intervals * rank.hb_interval \
-        + cfg.suspect_slack_s
+    spoke = spoke_at(job, rank)
+    return bool(spoke) and now - spoke > cfg.suspect_intervals * rank.hb_interval + cfg.suspect_slack_s
 
 
 def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: float,
@@ -75,7 +82,7 @@ def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: flo
     """
     hung: dict[int, float] = {}
     for rank_id, rank in job.ranks.items():
-        if status.get(rank_id) != ALIVE or not rank.inflight or late(rank, now, cfg):
+        if status.get(rank_id) != ALIVE or not rank.inflight or late(job, rank, now, cfg):
             continue
         age = max(op.age_at(now) for op in rank.inflight)
         if age > threshold:
@@ -93,6 +100,7 @@ class Mismatch:
     minority: dict[int, Sig]
     majority: Sig
     field: str  # op / bytes / dtype
+    basis: str = "members"  # "members": compared with the others at this seq; "history": with earlier seqs
 
 
 def _differs(a: Sig, b: Sig) -> str:
@@ -122,14 +130,50 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
             continue
         newest = sorted(group.seqs)[-recent:]
         for seq in newest:
-            sigs = group.seqs[seq].sigs
-            if len(sigs) < 2:
+            rec = group.seqs[seq]
+            sigs = rec.sigs
+            first = next(iter(sigs.values()), None)
+            if first is None:
                 continue
-            first = next(iter(sigs.values()))
-            if not any(_differs(first, s) for s in sigs.values()):
+            if len(sigs) >= 2 and any(_differs(first, s) for s in sigs.values()):
+                found.append(_split(group, seq, sigs))
                 continue
-            found.append(_split(group, seq, sigs))
+            novel = _novel_failure(group, seq)
+            if novel is not None:
+                found.append(novel)
     return found
+
+
+def _novel_failure(group: GroupState, seq: int) -> Mismatch | None:
+    """A failed op whose signature this group never used, while no member matched it.
+
+    The library may abort the peer that detects a size / dtype difference (gloo: SIGABRT
+    "Received data size doesn't match expected size") before it reports anything: then the
+    divergent rank's failed op is the only signature at that seq, and the group's history
+    (training repeats itself) is what it diverged from.
+    """
+    rec = group.seqs[seq]
+    failed = {r: sig for r, sig in rec.sigs.items()
+              if rec.states.get(r) in (schema.STATE_ERROR, schema.STATE_TIMEOUT)}
+    if not failed or len(failed) != len(rec.sigs):
+        return None  # somebody else issued this seq with the same signature: not a divergence
+    history: Counter[Sig] = Counter()
+    for other_seq, other in group.seqs.items():
+        if other_seq != seq:
+            history.update(sig for r, sig in other.sigs.items() if other.states.get(r) != schema.STATE_ERROR)
+    if sum(history.values()) < 2:
+        return None
+    usual = history.most_common(1)[0][0]
+    minority: dict[int, Sig] = {}
+    field = ""
+    for rank, sig in failed.items():
+        if any(not _differs(sig, seen) for seen in history):
+            continue  # a signature this group has used before: it failed for another reason
+        minority[rank] = sig
+        field = field or _differs(usual, sig) or "signature"
+    if not minority:
+        return None
+    return Mismatch(group.group_id, seq, minority, usual, field, basis="history")
 
 
 def _split(group: GroupState, seq: int, sigs: dict[int, Sig]) -> Mismatch:

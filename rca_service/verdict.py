@@ -12,11 +12,14 @@ import importlib
 from typing import Any
 
 from . import graph as wfg
+from . import pauses as pauses_mod
 from .config import AnalysisConfig
 from .findings import (
     CRASH,
+    CRITICAL,
     DEADLOCK,
     HANG,
+    INFO,
     MISMATCH,
     RC_COMMUNICATION,
     RC_DEADLOCK,
@@ -27,6 +30,7 @@ from .findings import (
     RC_PROCESS_LOST,
     RC_STRAGGLER,
     SLOWDOWN,
+    WARNING,
     Finding,
     RootCause,
 )
@@ -41,6 +45,7 @@ from .triggers import (
     hang_threshold,
     hung_ranks,
     lost_after,
+    spoke_at,
     statuses,
 )
 
@@ -57,16 +62,18 @@ def _rank_evidence(job: JobState, rank_id: int, status: str, now: float, cfg: An
         return RootCause(rank_id, RC_PROCESS_LOST, {
             "text": f"rank {rank_id} is a member of a blocked group but never reported",
             "status": UNSEEN})
+    spoke = spoke_at(job, rank)
     base: dict[str, Any] = {
         "status": status, "host": rank.host, "pid": rank.pid,
         "issued": dict(rank.issued), "completed": dict(rank.completed),
-        "last_heartbeat_counter": rank.hb_counter,
-        "silent_for_s": round(max(0.0, now - rank.last_hb_at), 3) if rank.last_hb_at else None,
+        "last_heartbeat_counter": rank.heartbeat_number,
+        "silent_for_s": round(max(0.0, now - spoke), 3) if spoke else None,
     }
     if status == LOST:
-        base["text"] = (f"rank {rank_id} (pid {rank.pid} on {rank.host or '?'}) stopped reporting "
-                        f"{now - rank.last_hb_at:.1f}s ago without a final heartbeat "
-                        f"(expected every {rank.hb_interval:g}s): killed, frozen or unreachable")
+        heard = (f"stopped reporting {now - spoke:.1f}s ago" if rank.last_hb_at else
+                 f"sent spans {now - spoke:.1f}s ago but never a heartbeat")
+        base["text"] = (f"rank {rank_id} (pid {rank.pid} on {rank.host or '?'}) {heard} without a final "
+                        f"heartbeat (expected every {rank.hb_interval:g}s): killed, frozen or unreachable")
         if rank.stack:
             base["last_stack"] = rank.stack
         return RootCause(rank_id, RC_PROCESS_LOST, base)
@@ -79,7 +86,8 @@ def _rank_evidence(job: JobState, rank_id: int, status: str, now: float, cfg: An
     if rank.stack:
         base["stack"] = rank.stack
     where = rank.stack.strip().splitlines()[-1].strip() if rank.stack.strip() else "unknown (no stack yet)"
-    base["text"] = (f"rank {rank_id} is alive (heartbeat {rank.hb_counter}) but has not entered the op its "
+    beat = f"heartbeat {rank.hb_counter}" if rank.heartbeat_number is not None else "no heartbeat yet"
+    base["text"] = (f"rank {rank_id} is alive ({beat}) but has not entered the op its "
                     f"peers wait in; outside communication for {idle:.1f}s, at: {where}")
     return RootCause(rank_id, RC_NOT_ENTERED, base)
 
@@ -134,12 +142,13 @@ def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisC
     None (undecided) while it is late or has not reported since the waiting began (a heartbeat
     from before the wait cannot tell "alive, elsewhere" from "dead"), ALIVE otherwise."""
     rank = job.ranks[rank_id]
-    if not rank.last_hb_at:
+    spoke = spoke_at(job, rank)
+    if not spoke:
         return ALIVE
-    late = now - rank.last_hb_at
+    late = now - spoke
     if late > cfg.corroborated_lost_intervals * rank.hb_interval + cfg.suspect_slack_s:
         return LOST
-    if late > cfg.suspect_intervals * rank.hb_interval + cfg.suspect_slack_s or rank.last_hb_at < fresh_after:
+    if late > cfg.suspect_intervals * rank.hb_interval + cfg.suspect_slack_s or spoke < fresh_after:
         return None
     return ALIVE
 
@@ -200,39 +209,93 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
     if not causes:
         return None
     causes.sort(key=lambda rc: (-int(rc.evidence.get("blocked_ranks", 0)),
-                                job.ranks[rc.rank].last_hb_at if rc.rank in job.ranks else 0.0))
+                                spoke_at(job, job.ranks[rc.rank]) if rc.rank in job.ranks else 0.0))
     summary = wfg.summary(wf, found, job)
     oldest = max(hung.values())
     kind = DEADLOCK if cycle and all(rc.kind == RC_DEADLOCK for rc in causes) else HANG
     names = ", ".join(f"rank {rc.rank} ({rc.kind})" if rc.rank is not None else rc.kind for rc in causes[:4])
     text = (f"{len(hung)} rank(s) stuck in communication for up to {oldest:.1f}s "
             f"(threshold {threshold:.1f}s); root cause: {names}")
-    return Finding(job.job_id, kind, text, causes, summary,
-                   {"hung_ranks": sorted(hung)[:256], "threshold_s": round(threshold, 3),
-                    "max_in_flight_s": round(oldest, 3)})
+    evidence: dict[str, Any] = {"hung_ranks": sorted(hung)[:256], "threshold_s": round(threshold, 3),
+                                "max_in_flight_s": round(oldest, 3)}
+    severity, reason, pause = _hang_severity(job, causes, now, cfg) if kind == HANG else (CRITICAL, "", None)
+    if pause is not None:
+        evidence["pause"] = pause
+        text += f" - {pause['why']}"
+    return Finding(job.job_id, kind, text, causes, summary, evidence, severity, reason)
 
 
-def _mismatch_finding(job: JobState) -> Finding | None:
+def _hang_severity(job: JobState, causes: list[RootCause], now: float,
+                   cfg: AnalysisConfig) -> tuple[str, str, dict[str, Any] | None]:
+    """Critical unless every holder is alive elsewhere in a normal pause, or its stack is still on the way."""
+    if any(rc.kind != RC_NOT_ENTERED or rc.rank is None or rc.rank not in job.ranks for rc in causes):
+        return CRITICAL, "ranks are lost, gone or the data does not move", None
+    pending: list[int] = []
+    pauses: list[pauses_mod.PauseVerdict] = []
+    for rc in causes:
+        assert rc.rank is not None
+        rank = job.ranks[rc.rank]
+        idle = rank.idle_at(now)
+        if not rank.stack.strip() and idle < cfg.stack_wait_s + rank.hb_interval:
+            pending.append(rc.rank)
+            continue
+        verdict = pauses_mod.classify(rc.rank, rank.stack, idle, job.pauses, cfg)
+        if verdict is None:
+            return CRITICAL, f"rank {rc.rank} is outside communication where this job does not pause", None
+        if not verdict.within_budget:
+            return CRITICAL, (f"rank {rc.rank}'s pause ({verdict.phase}) has lasted {verdict.age_s:.1f}s, over its "
+                              f"budget of {verdict.budget_s:.1f}s"), None
+        pauses.append(verdict)
+    if pending:
+        return WARNING, (f"waiting for the stack of rank(s) {pending} (at most one heartbeat interval) to tell a "
+                         f"normal pause from a hang"), None
+    top = max(pauses, key=lambda p: p.age_s / max(p.budget_s, 1e-9))
+    return INFO, "a normal pause within its budget", {
+        "phase": top.phase, "budget_s": round(top.budget_s, 3), "age_s": round(top.age_s, 3), "why": top.why}
+
+
+def _mismatch_finding(job: JobState, status: dict[int, str]) -> Finding | None:
     found = find_mismatches(job)
     if not found:
         return None
     causes: list[RootCause] = []
     for mm in found[:8]:
         name = _group_name(job, mm.group_id)
+        group = job.groups.get(mm.group_id)
+        rec = group.seqs.get(mm.seq) if group is not None else None
+        silent = [m for m in (group.ranks if group is not None else ()) if m not in mm.minority
+                  and (rec is None or m not in rec.sigs)]
+        peers = {m: status.get(m, UNSEEN) for m in silent[:16]}
         for rank, sig in mm.minority.items():
+            where = "where the others issued" if mm.basis == "members" else "where this group always issued"
+            text = (f"rank {rank} issued {sig[0]} ({sig[1]} bytes{', ' + sig[2] if sig[2] else ''}) "
+                    f"at group {name} seq {mm.seq} {where} {mm.majority[0]} "
+                    f"({mm.majority[1]} bytes{', ' + mm.majority[2] if mm.majority[2] else ''})")
+            state = rec.states.get(rank) if rec is not None else None
+            if state in ("error", "timeout"):
+                text += f"; its op failed ({_error_text(job, rank, mm.group_id, mm.seq)})"
+            gone = [m for m, s in peers.items() if s != ALIVE]
+            if gone:
+                text += f"; peer rank(s) {gone} then died or exited: a consequence"
             causes.append(RootCause(rank, RC_MISMATCH, {
-                "text": (f"rank {rank} issued {sig[0]} ({sig[1]} bytes{', ' + sig[2] if sig[2] else ''}) "
-                         f"at group {name} seq {mm.seq} where the others issued {mm.majority[0]} "
-                         f"({mm.majority[1]} bytes{', ' + mm.majority[2] if mm.majority[2] else ''})"),
-                "group_id": mm.group_id, "seq": mm.seq, "field": mm.field,
+                "text": text, "group_id": mm.group_id, "seq": mm.seq, "field": mm.field, "compared_with": mm.basis,
                 "issued": {"op": sig[0], "bytes": sig[1], "dtype": sig[2]},
-                "expected": {"op": mm.majority[0], "bytes": mm.majority[1], "dtype": mm.majority[2]}}))
+                "expected": {"op": mm.majority[0], "bytes": mm.majority[1], "dtype": mm.majority[2]},
+                "peers_after": {str(m): s for m, s in peers.items()}}))
     first = found[0]
     text = (f"collective mismatch ({first.field}) in group {_group_name(job, first.group_id)} at seq "
             f"{first.seq}: rank(s) {sorted(first.minority)} diverge")
     return Finding(job.job_id, MISMATCH, text, causes, {},
-                   {"mismatches": [{"group_id": m.group_id, "seq": m.seq, "field": m.field,
+                   {"mismatches": [{"group_id": m.group_id, "seq": m.seq, "field": m.field, "basis": m.basis,
                                     "minority": sorted(m.minority)} for m in found[:8]]})
+
+
+def _error_text(job: JobState, rank: int, gid: str, seq: int) -> str:
+    state = job.ranks.get(rank)
+    for err_gid, err_seq, _op, message in reversed(state.errors if state is not None else ()):
+        if err_gid == gid and err_seq == seq:
+            return message[:200] or "error"
+    return "error"
 
 
 def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
@@ -240,7 +303,7 @@ def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: Analy
     if not lost:
         return None
     causes = [_rank_evidence(job, r, LOST, now, cfg) for r in lost]
-    causes.sort(key=lambda rc: job.ranks[rc.rank].last_hb_at if rc.rank in job.ranks else 0.0)
+    causes.sort(key=lambda rc: spoke_at(job, job.ranks[rc.rank]) if rc.rank in job.ranks else 0.0)
     others = {s: sum(1 for v in status.values() if v == s) for s in (ALIVE, EXITED)}
     text = (f"{len(lost)} rank(s) stopped reporting without a final heartbeat: "
             f"{', '.join(str(rc.rank) for rc in causes[:8])}; {others[ALIVE]} alive, {others[EXITED]} exited")
@@ -281,7 +344,7 @@ def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
 def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
     """State in, findings out: the primary finding first (empty when the job is healthy)."""
     status = statuses(job, now, cfg)
-    mismatch = _mismatch_finding(job)
+    mismatch = _mismatch_finding(job, status)
     if mismatch is not None:
         return [mismatch]
     threshold = hang_threshold(job, cfg)

@@ -1,0 +1,121 @@
+"""Normal pauses vs hangs: is the rank everybody waits for doing something jobs do?
+
+Every real job stops communicating now and then: rank 0 saves a checkpoint while the
+others wait in a barrier, all ranks evaluate, a data loader refills. The wait-for graph
+diagnoses these exactly like a hang (the holder is `not_entered`, its stack says where);
+this module decides whether that is worth a page. A pause is *normal* when the holder's
+stack matches an expected phase (checkpoint save, evaluation, data loading: configurable
+patterns, each with a budget) or when this job has paused the same way before (same
+holder rank, same stack) and resumed. A normal pause is `info` until it outlasts its
+budget, then it is a hang like any other (`critical`).
+
+Pure functions; the learned pauses live in the job's state (`JobState.pauses`), written
+by the engine when a pause resolves.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # config.py imports the default phases from here
+    from .config import AnalysisConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """An expected phase, recognised by a regular expression over the holder's stack."""
+
+    name: str
+    pattern: str
+    budget_s: float
+
+
+# Defaults: frames of the usual libraries and the usual names. The budget is how long
+# such a pause may last before it pages someone.
+DEFAULT_PHASES: tuple[Phase, ...] = (
+    Phase("checkpoint", r"checkpoint|ckpt|torch/serialization\.py|safetensors|in save(_\w+)?$|"
+                        r"in _?save_state|in write_(state|shard)", 600.0),
+    Phase("evaluation", r"in _?(eval|evaluate|evaluation|validate|validation|val_step|eval_step|test_step)"
+                        r"(_\w+)?$", 600.0),
+    Phase("data loading", r"torch/utils/data/|dataloader|in _?(load|next|fetch|get|prefetch)_?\w*batch\w*$|"
+                          r"in __next__$", 120.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedPause:
+    """A pause this job made before and came back from."""
+
+    rank: int
+    signature: str
+    longest_s: float
+    times: int
+
+
+@dataclass(frozen=True, slots=True)
+class PauseVerdict:
+    phase: str  # the phase name, or "learned" / "budget"
+    budget_s: float
+    age_s: float
+    why: str
+
+    @property
+    def within_budget(self) -> bool:
+        return self.age_s <= self.budget_s
+
+
+def stack_signature(stack: str, frames: int = 4) -> str:
+    """The innermost frames without line numbers: the same pause again has the same signature."""
+    lines = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+    return "|".join(re.sub(r":\d+ in ", " in ", line) for line in lines[-frames:])
+
+
+def match_phase(stack: str, phases: tuple[Phase, ...]) -> Phase | None:
+    """The expected phase the stack is in (innermost frame first), if any."""
+    lines = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        for phase in phases:
+            if re.search(phase.pattern, line, flags=re.IGNORECASE):
+                return phase
+    return None
+
+
+def classify(rank: int, stack: str, age_s: float, learned: dict[tuple[int, str], LearnedPause],
+             cfg: AnalysisConfig) -> PauseVerdict | None:
+    """Is a hang held by `rank` (alive, outside communication, at `stack`) a normal pause?
+
+    None: it is not (no stack, no expected phase, never seen before, no budget set).
+    """
+    if stack.strip():
+        phase = match_phase(stack, cfg.phases)
+        if phase is not None:
+            return PauseVerdict(phase.name, phase.budget_s, age_s,
+                                f"rank {rank} is in an expected phase ({phase.name}); budget {phase.budget_s:g}s")
+        seen = learned.get((rank, stack_signature(stack)))
+        if seen is not None:
+            budget = min(max(cfg.learned_pause_min_s, cfg.learned_pause_factor * seen.longest_s),
+                         cfg.learned_pause_max_s)
+            return PauseVerdict("learned", budget, age_s,
+                                f"rank {rank} paused here {seen.times} time(s) before and resumed (longest "
+                                f"{seen.longest_s:.1f}s); budget {budget:.1f}s")
+    if cfg.pause_budget_s > 0:
+        return PauseVerdict("budget", cfg.pause_budget_s, age_s,
+                            f"within the configured pause budget of {cfg.pause_budget_s:g}s")
+    return None
+
+
+def learn(learned: dict[tuple[int, str], LearnedPause], rank: int, stack: str, duration_s: float,
+          limit: int = 64) -> None:
+    """Remember a pause that resolved (the job resumed on its own)."""
+    if not stack.strip():
+        return
+    key = (rank, stack_signature(stack))
+    seen = learned.get(key)
+    if seen is None:
+        if len(learned) >= limit:
+            del learned[min(learned, key=lambda k: learned[k].times)]
+        learned[key] = LearnedPause(rank, key[1], duration_s, 1)
+    else:
+        learned[key] = LearnedPause(rank, key[1], max(seen.longest_s, duration_s), seen.times + 1)

@@ -1,0 +1,220 @@
+"""Issue 8 on the pure core: early deaths, normal pauses, evidence completeness, one causal story."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from mycroft.rca_service.alerts import should_alert
+from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.engine import Engine
+from mycroft.rca_service.incidents import Incident
+from mycroft.rca_service.pauses import match_phase, stack_signature
+from mycroft.rca_service.synthetic import StepJob, collective, heartbeat
+
+CHECKPOINT_STACK = "train.py:88 in main\ntrain.py:40 in save_checkpoint\ntime.py:1 in sleep"
+HANG_STACK = "train.py:88 in main\ntrain.py:52 in wait_here_on_purpose"
+
+
+def _healthy(world: int = 4, steps: int = 30) -> tuple[Engine, StepJob]:
+    engine = Engine()
+    job = StepJob("job", world)
+    for _ in range(steps):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(world), stack=""), job.now)
+        assert engine.step(job.now) == []
+    return engine, job
+
+
+def _hold(engine: Engine, job: StepJob, seconds: float, holder: int, stack: str, hb_every: float = 0.5,
+          tick: float = 0.25, stack_from: float = 0.0) -> list:
+    """Everyone but `holder` waits in the next collective; the holder sits at `stack`."""
+    events = []
+    t = start = job.now
+    next_hb = t
+    while t <= start + seconds:
+        if t >= next_hb:
+            shown = stack if t - start >= stack_from else ""
+            engine.ingest(job.heartbeats(t, not_entered=[holder], stack=shown), t)
+            next_hb += hb_every
+        events.extend(engine.step(t))
+        t += tick
+    job.now = t  # the job goes on from here (when it resumes)
+    return events
+
+
+def test_a_rank_that_sent_spans_but_never_a_heartbeat_is_lost_from_its_first_span() -> None:
+    engine = Engine()
+    job = StepJob("early", 4)
+    spans = job.steps(1)
+    t0 = job.now
+    # ranks 0-2 heartbeat; rank 3 sent its first span and then died (SIGKILL in the first second)
+    engine.ingest(spans, t0)
+    events = []
+    t = t0
+    while t < t0 + 5:
+        engine.ingest([s for s in job.heartbeats(t, not_entered=range(3), stack="") if s.rank != 3], t)
+        events.extend(engine.step(t))
+        t += 0.25
+    fired = [e.incident for e in events if e.action == "fired"]
+    assert fired, "a rank silent since its first span must not stay alive forever"
+    top = fired[0].root_causes[0]
+    assert top["rank"] == 3 and top["kind"] == "process_lost"
+    assert "never a heartbeat" in top["evidence"]["text"]
+    assert fired[0].detected_at - t0 < 3.5
+    summary = engine.jobs_summary(t)[0]
+    rank3 = next(r for r in summary["ranks"] if r["rank"] == 3)
+    assert rank3["status"] == "lost" and rank3["heartbeat"] is None and rank3["silent_s"] < 10
+    text = json.dumps([i.to_dict() for i in fired]) + json.dumps(summary)
+    assert "-1," not in text.replace(" ", "") and "17" + "96" not in text  # no sentinels, no epoch ages
+
+
+def test_spans_only_recordings_do_not_make_everyone_lost() -> None:
+    engine = Engine()
+    job = StepJob("spans-only", 4)
+    for _ in range(20):
+        engine.ingest(job.steps(1), job.now)
+    assert engine.step(job.now + 30) == []
+
+
+def test_checkpoint_pause_is_diagnosed_at_once_but_never_pages() -> None:
+    engine, job = _healthy()
+    events = _hold(engine, job, 4.0, holder=0, stack=CHECKPOINT_STACK)
+    fired = [e.incident for e in events if e.action == "fired"]
+    assert len(fired) == 1
+    incident = fired[0]
+    assert incident.kind == "hang" and incident.root_causes[0]["rank"] == 0
+    assert incident.severity == "info" and incident.critical_at is None
+    assert incident.evidence["pause"]["phase"] == "checkpoint"
+    assert not any(should_alert(e.action, e.incident, "critical") for e in events)
+
+
+def test_a_pause_over_its_budget_becomes_critical() -> None:
+    cfg = dataclasses.replace(AnalysisConfig(), phases=tuple(
+        dataclasses.replace(p, budget_s=2.0) for p in AnalysisConfig().phases))
+    engine = Engine(cfg)
+    job = StepJob("job", 4)
+    for _ in range(30):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(4), stack=""), job.now)
+        engine.step(job.now)
+    start = job.now
+    events = _hold(engine, job, 4.0, holder=0, stack=CHECKPOINT_STACK)
+    incident = next(e.incident for e in events if e.action == "fired")
+    assert incident.severity == "critical"
+    assert incident.critical_at is not None and incident.critical_at - start >= 2.0
+    assert "budget" in incident.severity_reason
+
+
+def test_unknown_hang_is_critical_and_the_stack_reaches_the_incident() -> None:
+    engine, job = _healthy()
+    start = job.now
+    # the holder's first heartbeats carry no stack yet (it has not been idle long enough)
+    events = _hold(engine, job, 4.0, holder=2, stack=HANG_STACK, stack_from=1.6)
+    fired = next(e.incident for e in events if e.action == "fired")
+    assert fired.root_causes[0]["rank"] == 2
+    assert fired.detected_at - start < 1.6
+    final = engine.tracker.active[fired.key]
+    assert "wait_here_on_purpose" in final.root_causes[0]["evidence"]["stack"]
+    assert "unknown" not in final.root_causes[0]["evidence"]["text"]
+    assert final.severity == "critical" and final.critical_at is not None
+    assert final.critical_at - start < 2.5
+    updates = [e for e in events if e.action == "updated"]
+    assert updates, "the stack's arrival is an update of the incident"
+    assert should_alert("updated", final, "critical")
+
+
+def test_learned_pause_second_time_is_info() -> None:
+    engine, job = _healthy()
+    first = _hold(engine, job, 3.0, holder=1, stack=HANG_STACK)
+    inc1 = next(e.incident for e in first if e.action == "fired")
+    assert engine.tracker.active[inc1.key].severity == "critical"
+    # the job resumes by itself: progress, then the incident resolves
+    for _ in range(30):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(4), stack=""), job.now)
+        engine.step(job.now)
+    assert inc1.key not in engine.tracker.active
+    assert engine.jobs["job"].pauses
+    second = _hold(engine, job, 3.0, holder=1, stack=HANG_STACK)
+    inc2 = next(e.incident for e in second if e.action == "fired")
+    assert inc2.id != inc1.id
+    assert engine.tracker.active[inc2.key].severity == "info"
+    assert engine.tracker.active[inc2.key].evidence["pause"]["phase"] == "learned"
+
+
+def test_teardown_after_a_hang_is_a_consequence_not_the_root_cause() -> None:
+    engine, job = _healthy()
+    events = _hold(engine, job, 3.0, holder=3, stack=HANG_STACK)
+    incident = next(e.incident for e in events if e.action == "fired")
+    assert incident.root_causes[0]["kind"] == "not_entered"
+    # the operator tears the job down: SIGTERM everywhere, final heartbeats
+    t = job.now + 3.5
+    finals = []
+    for r in range(4):
+        inflight = [] if r == 3 else job.heartbeats(t, not_entered=[3])[0].attributes
+        del inflight
+        finals.append(heartbeat("job", r, 4, t, 999, [job.group], [job.seq + (0 if r == 3 else 1)], [job.seq],
+                                final=True, exit_reason="SIGTERM"))
+    engine.ingest(finals, t)
+    for i in range(30):
+        events.extend(engine.step(t + 0.25 * i))
+    current = next(e.incident for e in reversed(events) if e.incident.id == incident.id)
+    assert current.root_causes[0]["rank"] == 3 and current.root_causes[0]["kind"] == "not_entered"
+    assert all(not (e.action == "fired" and e.incident.kind == "hang" and e.incident.id != incident.id)
+               for e in events)
+
+
+def test_crash_after_a_critical_hang_is_marked_as_its_consequence() -> None:
+    engine, job = _healthy()
+    events = _hold(engine, job, 3.0, holder=3, stack=HANG_STACK)
+    hang = next(e.incident for e in events if e.action == "fired")
+    # then everyone is SIGKILLed: silence without final heartbeats
+    t = job.now + 3.2
+    for i in range(40):
+        events.extend(engine.step(t + 0.25 * i))
+    crashes = [e.incident for e in events if e.action == "fired" and e.incident.kind == "crash"]
+    for crash in crashes:
+        assert crash.consequence_of == hang.id and crash.severity == "info"
+        assert not should_alert("fired", crash, "critical")
+
+
+def test_mismatch_survives_the_abort_of_its_peer() -> None:
+    """DP pair: rank 1 issues float64 (twice the bytes); gloo aborts rank 0, rank 1's op errors."""
+    engine = Engine()
+    job = StepJob("mm", 2)
+    for _ in range(20):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(2), stack=""), job.now)
+        engine.step(job.now)
+    t = job.now + 0.05
+    bad = collective("mm", 1, 2, job.group, job.seq + 1, t, t + 0.01, nbytes=8192, dtype="float64",
+                     state="error")
+    engine.ingest([bad], t + 0.01)
+    events = []
+    for i in range(20):
+        events.extend(engine.step(t + 0.02 + 0.25 * i))
+    fired = [e.incident for e in events if e.action == "fired"]
+    assert fired and fired[0].kind == "mismatch"
+    top = fired[0].root_causes[0]
+    assert top["rank"] == 1 and top["kind"] == "mismatch"
+    assert top["evidence"]["issued"]["dtype"] == "float64"
+
+
+def test_phase_patterns_and_signatures() -> None:
+    phases = AnalysisConfig().phases
+    assert match_phase(CHECKPOINT_STACK, phases) is not None
+    assert match_phase("x.py:1 in main\n/usr/lib/torch/serialization.py:600 in save", phases).name == "checkpoint"
+    assert match_phase("x.py:3 in evaluate", phases).name == "evaluation"
+    assert match_phase("x.py:3 in load_next_batch", phases).name == "data loading"
+    assert match_phase(HANG_STACK, phases) is None
+    assert stack_signature("a.py:1 in f\nb.py:2 in g") == stack_signature("a.py:7 in f\nb.py:9 in g")
+
+
+def test_incident_round_trips_its_new_fields() -> None:
+    incident = Incident(id="x", job="j", kind="hang", status="firing", detected_at=1.0, summary="s",
+                        root_causes=[], graph={}, evidence={}, updated_at=2.0, severity="info",
+                        severity_reason="pause", critical_at=None, consequences=[{"rank": 1}], alerted=True)
+    again = Incident.from_dict(incident.to_dict())
+    assert (again.severity, again.severity_reason, again.consequences, again.alerted) == \
+        ("info", "pause", [{"rank": 1}], True)

@@ -65,19 +65,25 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--max-export-queue", type=int, default=50_000, metavar="N",
                         help="spans queued per endpoint and lane before export drops (default %(default)s)")
     parser.add_argument("--log-level", default="INFO")
+    from mycroft.security_cli import security_args, security_options, warn_if_open
+
+    security_args(parser, client_ca=False)
     add_processor_options(parser)
     args = parser.parse_args(argv)
+    auth, tls = security_options(args, "mycroft processor serve")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .service import ProcessorService  # grpc import only when serving
 
     try:
         service = ProcessorService(args.otlp_grpc or None, args.otlp_http or None, args.export,
                                    config_from_args(args), metrics=args.metrics or None,
-                                   max_queue_spans=args.max_export_queue, max_backlog_spans=args.max_backlog)
+                                   max_queue_spans=args.max_export_queue, max_backlog_spans=args.max_backlog,
+                                   auth=auth, tls=tls)
     except (OSError, ValueError) as exc:
         print(f"mycroft processor serve: {exc}", file=sys.stderr)
         return 2
     service.start()
+    warn_if_open("mycroft processor serve", [args.otlp_grpc, args.otlp_http, args.metrics], auth)
     print(json.dumps({"event": "ready", "otlp_grpc": service.grpc_port, "otlp_http": service.http_port,
                       "metrics": service.metrics_port, "export": args.export}), flush=True)
     try:

@@ -11,10 +11,12 @@ the receiver.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import urllib.parse
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
@@ -41,6 +43,29 @@ def grpc_target(endpoint: str) -> tuple[str, bool]:
     return target, secure
 
 
+def otlp_headers(environ: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata from OTEL_EXPORTER_OTLP_TRACES_HEADERS / OTEL_EXPORTER_OTLP_HEADERS ("k=v,k2=v2",
+    values URL-encoded), the OTel way to hand exporters a bearer token (authorization=Bearer%20...)."""
+    env = os.environ if environ is None else environ
+    text = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
+    headers = []
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            headers.append((urllib.parse.unquote(key.strip()).lower(), urllib.parse.unquote(value.strip())))
+    return tuple(headers)
+
+
+def channel_credentials(environ: Mapping[str, str] | None = None) -> grpc.ChannelCredentials:
+    """TLS to an https:// endpoint, trusting OTEL_EXPORTER_OTLP[_TRACES]_CERTIFICATE when set."""
+    env = os.environ if environ is None else environ
+    path = env.get("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE") or env.get("OTEL_EXPORTER_OTLP_CERTIFICATE")
+    if not path:
+        return grpc.ssl_channel_credentials()
+    with open(path, "rb") as f:
+        return grpc.ssl_channel_credentials(root_certificates=f.read())
+
+
 def span_count(request: ExportTraceServiceRequest) -> int:
     return sum(len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans)
 
@@ -49,8 +74,10 @@ class _Lane:
     """One bounded queue of OTLP requests (bounded in spans) and the thread that sends it."""
 
     def __init__(self, name: str, stub: trace_service_pb2_grpc.TraceServiceStub, counters: Counters,
-                 max_spans: int, batch_max: int, timeout_s: float, attempts: int) -> None:
+                 max_spans: int, batch_max: int, timeout_s: float, attempts: int,
+                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
         self.name = name
+        self._metadata = metadata
         self._stub = stub
         self._counters = counters
         self._max_spans = max_spans
@@ -127,7 +154,7 @@ class _Lane:
         delay = 0.05
         for attempt in range(1, self._attempts + 1):
             try:
-                self._stub.Export(request, timeout=self._timeout_s)
+                self._stub.Export(request, timeout=self._timeout_s, metadata=self._metadata or None)
                 self.sent += spans
                 return
             except grpc.RpcError as exc:
@@ -148,11 +175,14 @@ class Exporter:
         target, secure = grpc_target(endpoint)
         self.endpoint = endpoint
         options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
-        self._channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(), options=options)
+        self._channel = (grpc.secure_channel(target, channel_credentials(), options=options)
                          if secure else grpc.insecure_channel(target, options=options))
         stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
-        self.urgent = _Lane(f"{endpoint}/urgent", stub, counters, max_queue_spans, batch_max, timeout_s, attempts)
-        self.bulk = _Lane(f"{endpoint}/bulk", stub, counters, max_queue_spans, batch_max, timeout_s, attempts)
+        metadata = otlp_headers()
+        self.urgent = _Lane(f"{endpoint}/urgent", stub, counters, max_queue_spans, batch_max, timeout_s, attempts,
+                            metadata)
+        self.bulk = _Lane(f"{endpoint}/bulk", stub, counters, max_queue_spans, batch_max, timeout_s, attempts,
+                          metadata)
 
     def close(self, timeout: float) -> None:
         self.urgent.close(timeout)

@@ -23,14 +23,24 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from mycroft.otlp import SpanRecord
-from mycroft.otlp_server import MAX_BODY_BYTES, OtlpReceiver, split_host_port
+from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
+from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles
+from mycroft.otlp import SpanRecord, filter_request_jobs
+from mycroft.otlp_server import (
+    REJECT_FORBIDDEN_JOB,
+    OtlpReceiver,
+    bind_grpc,
+    grpc_principal,
+    grpc_server,
+    parse_grpc_request,
+    split_host_port,
+    trace_service_handler,
+)
+from mycroft.ratelog import RateLimitedLog
 
 from .condense import DETAIL_NAMES
 from .config import ProcessorConfig
@@ -40,6 +50,7 @@ from .proto_edge import forwarded_by_core, split_request
 from .stats import Counters, prometheus_text
 
 log = logging.getLogger(__name__)
+_bad_input = RateLimitedLog(log, every_s=10.0)
 
 
 class CoreWorker:
@@ -132,17 +143,8 @@ class CoreWorker:
             self._fanout.submit((), records)
 
 
-class _GrpcEdge(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, service: ProcessorService) -> None:
-        self._service = service
-
-    def Export(self, request, context):
-        try:
-            self._service.accept_request(request)
-        except Exception as exc:
-            log.exception("bad OTLP request")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
-        return trace_service_pb2.ExportTraceServiceResponse()
+_REJECT_COUNTERS = {"unauthenticated": "requests_unauthenticated", "undecodable": "requests_undecodable",
+                    "too_large": "requests_too_large"}
 
 
 class ProcessorService:
@@ -151,32 +153,36 @@ class ProcessorService:
     def __init__(self, otlp_grpc: str | None, otlp_http: str | None, exports: Sequence[str],
                  config: ProcessorConfig | None = None, metrics: str | None = None,
                  tick_s: float = 0.05, max_queue_spans: int = 50_000, max_backlog_spans: int = 50_000,
-                 max_concurrent_rpcs: int = 64) -> None:
+                 max_concurrent_rpcs: int = 64, auth: Authenticator | None = None,
+                 tls: TlsFiles | None = None, limits: HttpLimits | None = None) -> None:
         self.counters = Counters()
+        self.auth = auth
+        self.limits = limits or HttpLimits()
+        if tls is not None:
+            tls.server_context()  # unreadable or mismatched cert / key fail before anything binds
         self.fanout = Fanout(exports, self.counters, max_queue_spans=max_queue_spans)
         self.core = CoreWorker(CollectorProcessor(config, self.counters, count_io=False), self.fanout,
                                max_backlog_spans, tick_s)
         self._grpc_server: grpc.Server | None = None
         self.grpc_port: int | None = None
+        for address in (otlp_grpc, otlp_http, metrics):
+            if address:
+                split_host_port(address)  # a malformed address fails before anything binds
         if otlp_grpc:
-            self._grpc_server = grpc.server(
-                futures.ThreadPoolExecutor(max_workers=8),
-                options=[("grpc.max_receive_message_length", MAX_BODY_BYTES)],
-                maximum_concurrent_rpcs=max_concurrent_rpcs,
-            )
-            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_GrpcEdge(self), self._grpc_server)
-            host, port = split_host_port(otlp_grpc)
-            self.grpc_port = self._grpc_server.add_insecure_port(f"{host}:{port}")
-            if not self.grpc_port:
-                raise OSError(f"cannot bind OTLP gRPC on {otlp_grpc}")
-        self._http: OtlpReceiver | None = OtlpReceiver(self.accept_records, None, otlp_http) if otlp_http else None
-        self._metrics_server: ThreadingHTTPServer | None = None
+            self._grpc_server = grpc_server(self.limits, max_concurrent_rpcs=max_concurrent_rpcs)
+            self._grpc_server.add_generic_rpc_handlers((trace_service_handler(self._export_grpc),))
+            self.grpc_port = bind_grpc(self._grpc_server, otlp_grpc, tls)
+        self._http: OtlpReceiver | None = None
+        if otlp_http:
+            self._http = OtlpReceiver(self.accept_records, None, otlp_http, auth=auth, tls=tls, limits=self.limits,
+                                      on_reject=self._rejected)
+        self._metrics_server: HttpServer | None = None
         self.metrics_port: int | None = None
         if metrics:
             host, port = split_host_port(metrics)
-            self._metrics_server = ThreadingHTTPServer((host, port), _metrics_handler(self))
-            self._metrics_server.daemon_threads = True
-            self.metrics_port = self._metrics_server.server_address[1]
+            self._metrics_server = HttpServer(self._metrics, host, port, HttpLimits(max_body_bytes=0, workers=2),
+                                              tls, "mycroft-processor-metrics", head_check=self._metrics_head)
+            self.metrics_port = self._metrics_server.port
 
     @property
     def http_port(self) -> int | None:
@@ -189,8 +195,7 @@ class ProcessorService:
         if self._http is not None:
             self._http.start()
         if self._metrics_server is not None:
-            threading.Thread(target=self._metrics_server.serve_forever, name="mycroft-processor-metrics",
-                             daemon=True).start()
+            self._metrics_server.start()
         return self
 
     def stop(self, drain_s: float = 5.0) -> None:
@@ -202,11 +207,42 @@ class ProcessorService:
         self.core.stop()
         self.fanout.close(drain_s)
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.stop()
         log.info("processor stopped: %s", self.counters.snapshot())
 
     # ------------------------------------------------------------------ edges
+    def _rejected(self, reason: str, spans: int) -> None:
+        counter = _REJECT_COUNTERS.get(reason)
+        if counter and not spans:
+            self.counters.add(counter)
+        if reason == REJECT_FORBIDDEN_JOB:
+            self.counters.add("dropped_forbidden_job", spans)
+
+    def _export_grpc(self, payload: bytes, context: grpc.ServicerContext) -> None:
+        principal = grpc_principal(context, self.auth, self._rejected)
+        request = parse_grpc_request(payload, context, self._rejected)
+        refused = 0
+        refused_jobs: set[str] = set()
+        if not principal.all_jobs:
+            def allow(job: str) -> bool:
+                ok = principal.allows_job(job)
+                if not ok:
+                    refused_jobs.add(job)
+                return ok
+
+            refused = filter_request_jobs(request, allow)
+        try:
+            self.accept_request(request)
+        except Exception as exc:  # a request the fast path cannot split: refused, logged rate-limited
+            self._rejected("undecodable", 0)
+            _bad_input.exception("grpc-split", "OTLP/gRPC: unusable request from %s", context.peer())
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
+        if refused:
+            self._rejected(REJECT_FORBIDDEN_JOB, refused)
+            shown = ", ".join(sorted(repr(j[:64]) for j in refused_jobs)[:5])
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{refused} spans refused: this token may not write job(s) {shown}")
+
     def accept_request(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
         """gRPC fast path: forward what passes as received, decode only what the core needs."""
         split = split_request(request, budget=self.core.room())
@@ -248,21 +284,21 @@ class ProcessorService:
         gauges["export_queue_spans"] = self.fanout.pending()
         return prometheus_text(self.counters.snapshot(), gauges)
 
+    def _metrics_head(self, request: Request) -> Principal:
+        if request.path.rstrip("/") not in ("/metrics", "/healthz"):
+            raise HttpError(404, "only /metrics and /healthz are served here")
+        if request.method not in ("GET", "HEAD"):
+            raise HttpError(405, "GET /metrics", {"Allow": "GET, HEAD"})
+        if self.auth is None or request.path.rstrip("/") == "/healthz":
+            return ANONYMOUS_ADMIN
+        principal = self.auth.header(request.header("Authorization") or None)
+        if principal is None:
+            raise HttpError(401, "missing or invalid bearer token", {"WWW-Authenticate": 'Bearer realm="mycroft"'})
+        if not principal.can_read:
+            raise HttpError(403, f"a {principal.role} token may not read metrics")
+        return principal
 
-def _metrics_handler(service: ProcessorService) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("metrics: " + format, *args)
-
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] != "/metrics":
-                self.send_error(404, "only /metrics is served here")
-                return
-            body = service.metrics_text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    return Handler
+    def _metrics(self, request: Request) -> Response:
+        if request.path.rstrip("/") == "/healthz":
+            return Response(200, b'{"status": "ok"}')
+        return Response(200, self.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")

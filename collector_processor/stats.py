@@ -33,6 +33,10 @@ COUNTERS: Final[dict[str, str]] = {
     "dropped_overload": "native detail spans dropped undecoded because the core was behind",
     "dropped_export_queue": "spans dropped because an exporter queue was full",
     "dropped_export_error": "spans dropped because an export failed after retries",
+    "dropped_forbidden_job": "spans refused because the sender's token may not write their job",
+    "requests_unauthenticated": "OTLP requests refused: no valid ingest token",
+    "requests_undecodable": "OTLP requests refused: not a decodable OTLP payload",
+    "requests_too_large": "OTLP requests refused: body or decoded body over the size limit",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from mycroft import schema
 
 AttrValue = str | bool | int | float | list[Any]
+
+# Bounds applied while decoding, so no attribute grows past them downstream.
+MAX_ARRAY_ITEMS = 65_536  # a 16k-rank summary lists every rank once
+MAX_STRING_CHARS = 1 << 20
+MAX_ATTRIBUTES = 1024  # per span / resource
+MAX_VALUE_DEPTH = 8  # arrays of arrays (and kvlists) deeper than this decode as ""
+JSON_MAX_DEPTH = 64  # OTLP JSON needs about 12 levels
 
 
 class OtlpDecodeError(ValueError):
@@ -70,22 +77,26 @@ class SpanRecord:
 # ------------------------------------------------------------------------------------
 # values
 # ------------------------------------------------------------------------------------
-def _from_any(value: AnyValue) -> AttrValue:
+def _from_any(value: AnyValue, depth: int = 0) -> AttrValue:
     which = value.WhichOneof("value")
     if which == "string_value":
-        return value.string_value
+        text = value.string_value
+        return text if len(text) <= MAX_STRING_CHARS else text[:MAX_STRING_CHARS]
     if which == "bool_value":
         return value.bool_value
     if which == "int_value":
         return value.int_value
     if which == "double_value":
         return value.double_value
+    if depth >= MAX_VALUE_DEPTH:
+        return ""
     if which == "array_value":
-        return [_from_any(item) for item in value.array_value.values]
+        return [_from_any(item, depth + 1) for item in value.array_value.values[:MAX_ARRAY_ITEMS]]
     if which == "bytes_value":
-        return value.bytes_value.hex()
+        return value.bytes_value[: MAX_STRING_CHARS // 2].hex()
     if which == "kvlist_value":
-        return json.dumps({kv.key: _from_any(kv.value) for kv in value.kvlist_value.values})
+        items = value.kvlist_value.values[:MAX_ATTRIBUTES]
+        return json.dumps({kv.key: _from_any(kv.value, depth + 1) for kv in items})[:MAX_STRING_CHARS]
     return ""
 
 
@@ -101,7 +112,9 @@ def _to_any(value: Any) -> AnyValue:
     return AnyValue(string_value=str(value))
 
 
-def _attrs(kvs: Iterable[KeyValue]) -> dict[str, AttrValue]:
+def _attrs(kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
+    if len(kvs) > MAX_ATTRIBUTES:
+        kvs = kvs[:MAX_ATTRIBUTES]
     return {kv.key: _from_any(kv.value) for kv in kvs}
 
 
@@ -135,6 +148,39 @@ def records_from_request(request: ExportTraceServiceRequest) -> list[SpanRecord]
                     )
                 )
     return records
+
+
+def _string_attr(kvs: Iterable[KeyValue], key: str) -> str | None:
+    for kv in kvs:
+        if kv.key == key:
+            return str(_from_any(kv.value))
+    return None
+
+
+def filter_request_jobs(request: ExportTraceServiceRequest, allow: Callable[[str], bool]) -> int:
+    """Drop, in place, the spans of jobs `allow` refuses; returns how many were dropped.
+
+    A span's job is what SpanRecord.job_id would say: its own mycroft.job.id attribute,
+    else the resource's mycroft.job.id, else service.name.
+    """
+    refused = 0
+    for resource_spans in request.resource_spans:
+        attrs = resource_spans.resource.attributes
+        resource_job = _string_attr(attrs, schema.RES_JOB_ID)
+        if resource_job is None:
+            resource_job = _string_attr(attrs, schema.RES_SERVICE_NAME) or "unknown"
+        for scope_spans in resource_spans.scope_spans:
+            keep = []
+            for span in scope_spans.spans:
+                job = _string_attr(span.attributes, schema.ATTR_JOB_ID)
+                if allow(resource_job if job is None else job):
+                    keep.append(span)
+            if len(keep) != len(scope_spans.spans):
+                refused += len(scope_spans.spans) - len(keep)
+                kept = [Span.FromString(span.SerializeToString()) for span in keep]
+                del scope_spans.spans[:]
+                scope_spans.spans.extend(kept)
+    return refused
 
 
 def decode_protobuf(payload: bytes) -> list[SpanRecord]:
@@ -199,18 +245,39 @@ def _hex_ids_to_base64(node: Any) -> None:
             _hex_ids_to_base64(item)
 
 
-def decode_json(payload: bytes | str | Mapping[str, Any]) -> list[SpanRecord]:
+def json_depth(document: Any, limit: int) -> int:
+    """Nesting depth of a decoded JSON value, counted without recursion; stops past `limit`."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, dict | list))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+    return deepest
+
+
+def decode_json(payload: bytes | str | Mapping[str, Any], max_depth: int = JSON_MAX_DEPTH) -> list[SpanRecord]:
     try:
         document = json.loads(payload) if isinstance(payload, bytes | str) else json.loads(json.dumps(payload))
+    except RecursionError as exc:
+        raise OtlpDecodeError(f"JSON nested deeper than {max_depth} levels") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise OtlpDecodeError(f"not JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise OtlpDecodeError("OTLP JSON must be an object with resourceSpans")
+    if json_depth(document, max_depth) > max_depth:
+        raise OtlpDecodeError(f"JSON nested deeper than {max_depth} levels")
     _hex_ids_to_base64(document)
     request = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
-    except (json_format.ParseError, binascii.Error, TypeError) as exc:
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError, RecursionError) as exc:
         raise OtlpDecodeError(f"not OTLP JSON traces: {exc}") from exc
     return records_from_request(request)
 

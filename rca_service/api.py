@@ -1,109 +1,118 @@
-"""HTTP API: incidents, live jobs, health and Prometheus metrics (stdlib http.server)."""
+"""HTTP API: incidents, live jobs, health, Prometheus metrics and the OpenAPI description.
+
+Served by mycroft.http_server (bounded, timeouts, optional TLS). With an Authenticator,
+everything but /healthz needs `Authorization: Bearer` of a read or admin token (401
+without, 403 for an ingest token or a job outside the token's patterns); lists show only
+the token's jobs. The routes and their answers are described in openapi.py.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
-import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
+from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles
 from mycroft.otlp_server import split_host_port
+
+from .openapi import OPENAPI
 
 log = logging.getLogger("mycroft.rca.api")
 
+API_LIMITS = HttpLimits(max_body_bytes=64 * 1024, max_decoded_bytes=64 * 1024, workers=4)
+MAX_LIMIT = 10_000
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
 
 class Backend(Protocol):
-    def list_incidents(self, limit: int, job: str | None, status: str | None) -> list[dict[str, Any]]: ...
+    def list_incidents(self, limit: int, job: str | None, status: str | None,
+                       principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]: ...
     def get_incident(self, incident_id: str) -> dict[str, Any] | None: ...
-    def jobs(self) -> list[dict[str, Any]]: ...
+    def jobs(self, principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]: ...
     def health(self) -> dict[str, Any]: ...
     def metrics_text(self) -> str: ...
 
 
-def _handler(backend: Backend) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+def _json(code: int, value: Any) -> Response:
+    return Response(code, json.dumps(value, default=str).encode())
 
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("api: " + format, *args)
 
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+def parse_limit(text: str | None) -> int:
+    """The ?limit= of a list: an integer, clamped to 1..10000 (400 when not an integer)."""
+    if text is None or text == "":
+        return 100
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise HttpError(400, "limit must be an integer") from exc
+    return max(1, min(value, MAX_LIMIT))
 
-        def _json(self, code: int, value: Any) -> None:
-            self._send(code, json.dumps(value, default=str).encode(), "application/json")
 
-        def _error(self, code: int, message: str) -> None:
-            self._json(code, {"error": message})
+class ApiHandler:
+    """Routes one request; pure over the backend (no sockets here)."""
 
-        def do_HEAD(self) -> None:
-            self.do_GET()
+    def __init__(self, backend: Backend, auth: Authenticator | None = None) -> None:
+        self.backend = backend
+        self.auth = auth
 
-        def do_GET(self) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            path = url.path.rstrip("/") or "/"
-            query = urllib.parse.parse_qs(url.query)
-            try:
-                self._route(path, query)
-            except Exception as exc:  # answer, log, keep serving
-                log.exception("API error on %s", self.path)
-                self._error(500, f"internal error: {exc}")
+    def head(self, request: Request) -> Principal:
+        path = request.path.rstrip("/") or "/"
+        if request.method not in ("GET", "HEAD"):
+            raise HttpError(405, "read-only API; send spans to the OTLP ports", {"Allow": "GET, HEAD"})
+        if path == "/healthz" or self.auth is None:
+            return ANONYMOUS_ADMIN
+        principal = self.auth.header(request.header("Authorization") or None)
+        if principal is None:
+            raise HttpError(401, "missing or invalid bearer token", {"WWW-Authenticate": 'Bearer realm="mycroft"'})
+        if not principal.can_read:
+            raise HttpError(403, f"a {principal.role} token may not read the API")
+        return principal
 
-        def _route(self, path: str, query: dict[str, list[str]]) -> None:
-            if path == "/healthz":
-                self._json(200, backend.health())
-            elif path == "/metrics":
-                self._send(200, backend.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
-            elif path == "/api/v1/incidents":
-                try:
-                    limit = int(query.get("limit", ["100"])[0])
-                except ValueError:
-                    self._error(400, "limit must be an integer")
-                    return
-                status = query.get("status", [None])[0]
-                if status not in (None, "firing", "resolved"):
-                    self._error(400, "status must be firing or resolved")
-                    return
-                self._json(200, backend.list_incidents(limit, query.get("job", [None])[0], status))
-            elif path.startswith("/api/v1/incidents/"):
-                incident_id = path.rsplit("/", 1)[1]
-                incident = backend.get_incident(incident_id)
-                if incident is None:
-                    self._error(404, f"no incident {incident_id!r}")
-                else:
-                    self._json(200, incident)
-            elif path == "/api/v1/jobs":
-                self._json(200, backend.jobs())
-            else:
-                self._error(404, "not found; try /api/v1/incidents, /api/v1/jobs, /healthz, /metrics")
-
-        def do_POST(self) -> None:
-            self._error(405, "read-only API; send spans to the OTLP ports")
-
-    return Handler
+    def __call__(self, request: Request) -> Response:
+        principal = request.principal if isinstance(request.principal, Principal) else self.head(request)
+        path = request.path.rstrip("/") or "/"
+        query = request.query
+        if path == "/healthz":
+            return _json(200, self.backend.health())
+        if path == "/metrics":
+            return Response(200, self.backend.metrics_text().encode(), PROMETHEUS_TYPE)
+        if path == "/api/v1/openapi.json":
+            return _json(200, OPENAPI)
+        if path == "/api/v1/incidents":
+            limit = parse_limit(query.get("limit"))
+            status = query.get("status") or None
+            if status not in (None, "firing", "resolved"):
+                raise HttpError(400, "status must be firing or resolved")
+            job = query.get("job") or None
+            if job is not None and not principal.allows_job(job):
+                raise HttpError(403, f"this token may not read job {job[:64]!r}")
+            return _json(200, self.backend.list_incidents(limit, job, status, principal))
+        if path.startswith("/api/v1/incidents/"):
+            incident_id = path.rsplit("/", 1)[1]
+            incident = self.backend.get_incident(incident_id)
+            if incident is None:
+                raise HttpError(404, f"no incident {incident_id[:64]!r}")
+            if not principal.allows_job(str(incident.get("job", ""))):
+                raise HttpError(403, "this token may not read that incident's job")
+            return _json(200, incident)
+        if path == "/api/v1/jobs":
+            return _json(200, self.backend.jobs(principal))
+        raise HttpError(404, "not found; try /api/v1/incidents, /api/v1/jobs, /api/v1/openapi.json, /healthz, "
+                             "/metrics")
 
 
 class ApiServer:
-    def __init__(self, backend: Backend, address: str) -> None:
+    def __init__(self, backend: Backend, address: str, auth: Authenticator | None = None,
+                 tls: TlsFiles | None = None, limits: HttpLimits = API_LIMITS) -> None:
         host, port = split_host_port(address)
-        self._server = ThreadingHTTPServer((host, port), _handler(backend))
-        self._server.daemon_threads = True
-        self.port = self._server.server_address[1]
-        self._thread: threading.Thread | None = None
+        handler = ApiHandler(backend, auth)
+        self._server = HttpServer(handler, host, port, limits, tls, "mycroft-rca-api", head_check=handler.head)
+        self.port = self._server.port
 
     def start(self) -> ApiServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="mycroft-rca-api", daemon=True)
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
+        self._server.stop()

@@ -70,13 +70,17 @@ def _config(args: argparse.Namespace) -> AnalysisConfig:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from mycroft.security_cli import security_options
+
     from .service import RcaService, ServiceOptions
 
+    auth, tls = security_options(args, "mycroft rca serve")
     options = ServiceOptions(
         otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http, http=args.http, db=args.db,
         webhooks=args.webhook or [], webhook_secret=args.webhook_secret or os.environ.get("MYCROFT_WEBHOOK_SECRET"),
         alertmanager=args.alertmanager, forward=args.forward, external_url=args.external_url or "",
-        tick_s=args.tick, analysis=_config(args), alert_min_severity=args.alert_min_severity)
+        tick_s=args.tick, analysis=_config(args), alert_min_severity=args.alert_min_severity, auth=auth,
+        tls=tls)
     try:
         service = RcaService(options).start()
     except (OSError, ValueError) as exc:
@@ -167,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "should page someone; every incident is in the API either way)")
     serve.add_argument("--tick", type=float, default=0.2, help="analysis period, seconds")
     serve.add_argument("-v", "--verbose", action="store_true")
+    from mycroft.security_cli import security_args
+
+    security_args(serve)
     _config_args(serve)
     analyze = sub.add_parser("analyze", help="post-mortem: run the same analysis on recorded spans / dumps")
     analyze.add_argument("--otlp-json", action="append", metavar="FILE", help="OTLP JSON file(s)")

@@ -12,8 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
+from mycroft.http_server import HttpLimits, TlsFiles
 from mycroft.otlp import SpanRecord
 from mycroft.otlp_server import OtlpReceiver, split_host_port
+from mycroft.security_cli import warn_if_open
 
 from .alerts import Alerter, should_alert
 from .api import ApiServer
@@ -43,6 +46,9 @@ class ServiceOptions:
     alertmanager_refresh_s: float = 60.0
     alert_min_severity: str = "critical"  # info | warning | critical: the least that pages
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    auth: Authenticator | None = None  # None: anyone who reaches a port may write and read
+    tls: TlsFiles | None = None  # serves OTLP (gRPC, HTTP) and the API over TLS (mTLS with client_ca)
+    limits: HttpLimits = field(default_factory=HttpLimits)  # of the OTLP receivers (the API has its own)
 
 
 class RcaService:
@@ -50,6 +56,8 @@ class RcaService:
         for address in (options.otlp_grpc, options.otlp_http, options.http):
             if address:
                 split_host_port(address)  # a malformed address fails before anything is created
+        if options.tls is not None:
+            options.tls.server_context()  # unreadable or mismatched cert / key fail before anything binds
         self.options = options
         self.metrics = Metrics()
         self._describe_metrics()
@@ -58,10 +66,15 @@ class RcaService:
         self._lock = threading.Lock()
         self.forwarder = Forwarder(options.forward, self.metrics) if options.forward else None
         self.ingest = IngestQueue(self._apply, self.metrics, options.max_queued_spans, tee=self.forwarder)
-        self.receiver = OtlpReceiver(self.ingest.sink, options.otlp_grpc, options.otlp_http)
+        self.receiver = OtlpReceiver(self.ingest.sink, options.otlp_grpc, options.otlp_http, auth=options.auth,
+                                     tls=options.tls, limits=options.limits, on_reject=self._rejected)
         self.alerter = Alerter(self.store, options.webhooks, options.alertmanager, options.webhook_secret,
                                options.external_url)
-        self.api = ApiServer(self, options.http)
+        try:
+            self.api = ApiServer(self, options.http, auth=options.auth, tls=options.tls)
+        except Exception:
+            self.receiver.stop(0)
+            raise
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self._run, name="mycroft-rca-analysis", daemon=True)
         self.started_at = time.time()
@@ -76,8 +89,11 @@ class RcaService:
         self.alerter.start()
         self.api.start()
         self._loop.start()
-        log.info("mycroft rca: OTLP gRPC %s, OTLP HTTP %s, API %s, db %s", self.receiver.grpc_port,
-                 self.receiver.http_port, self.api.port, self.options.db)
+        log.info("mycroft rca: OTLP gRPC %s, OTLP HTTP %s, API %s, db %s, auth %s, tls %s", self.receiver.grpc_port,
+                 self.receiver.http_port, self.api.port, self.options.db, "on" if self.options.auth else "off",
+                 "mTLS" if self.options.tls and self.options.tls.client_ca else "on" if self.options.tls else "off")
+        warn_if_open("mycroft rca serve", [self.options.otlp_grpc, self.options.otlp_http, self.options.http],
+                     self.options.auth)
         return self
 
     def stop(self) -> None:
@@ -95,6 +111,12 @@ class RcaService:
         self.store.close()
 
     # ------------------------------------------------------------------ work
+    def _rejected(self, reason: str, spans: int) -> None:
+        """The receivers refused a request (spans=0: the whole request, before decoding) or spans of it."""
+        self.metrics.inc("mycroft_rca_requests_rejected_total", reason=reason)
+        if spans:
+            self.metrics.inc("mycroft_rca_spans_dropped_total", spans, reason=reason)
+
     def _apply(self, records: list[SpanRecord], received_at: float) -> None:
         with self._lock:
             used = self.engine.ingest(records, received_at)
@@ -135,15 +157,18 @@ class RcaService:
                 self.metrics.inc("mycroft_rca_analysis_errors_total")
 
     # ------------------------------------------------------------------ API backend
-    def list_incidents(self, limit: int, job: str | None, status: str | None) -> list[dict[str, Any]]:
-        return self.store.list_incidents(limit, job, status)
+    def list_incidents(self, limit: int, job: str | None, status: str | None,
+                       principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]:
+        allowed = None if principal.all_jobs else principal.allows_job
+        return self.store.list_incidents(limit, job, status, job_allowed=allowed)
 
     def get_incident(self, incident_id: str) -> dict[str, Any] | None:
         return self.store.get(incident_id)
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self, principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]:
         with self._lock:
-            return self.engine.jobs_summary(time.time())
+            summary = self.engine.jobs_summary(time.time())
+        return summary if principal.all_jobs else [j for j in summary if principal.allows_job(str(j["job"]))]
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "uptime_s": round(time.time() - self.started_at, 3),

@@ -12,9 +12,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mycroft.auth import RUN_SEPARATOR
 
 from .incidents import FIRING, Incident
 
@@ -82,13 +85,18 @@ class Store:
             row = self._db.execute("SELECT doc FROM incidents WHERE id = ?", (incident_id,)).fetchone()
         return json.loads(row[0]) if row else None
 
-    def list_incidents(self, limit: int = 100, job: str | None = None,
-                       status: str | None = None) -> list[dict[str, Any]]:
+    def list_incidents(self, limit: int = 100, job: str | None = None, status: str | None = None,
+                       job_allowed: Callable[[str], bool] | None = None) -> list[dict[str, Any]]:
+        """Newest first. `job` also matches its other runs ("JOB#RUN"); `job_allowed` (a
+        token's job patterns) filters in the query, so the limit counts only what is shown."""
         query = "SELECT doc FROM incidents"
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[Any] = []
         if job:
-            clauses.append("job = ?")
-            args.append(job)
+            clauses.append("(job = ? OR substr(job, 1, ?) = ?)")
+            args += [job, len(job) + 1, job + RUN_SEPARATOR]
+        if job_allowed is not None:
+            clauses.append("mycroft_job_allowed(job)")
         if status:
             clauses.append("status = ?")
             args.append(status)
@@ -97,6 +105,9 @@ class Store:
         query += " ORDER BY detected_at DESC, rowid DESC LIMIT ?"
         args.append(str(max(1, min(limit, 10000))))
         with self._lock:
+            if job_allowed is not None:
+                self._db.create_function("mycroft_job_allowed", 1, lambda j: bool(job_allowed(str(j))),
+                                         deterministic=True)
             rows = self._db.execute(query, args).fetchall()
         return [json.loads(row[0]) for row in rows]
 

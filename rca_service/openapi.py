@@ -1,0 +1,123 @@
+"""OpenAPI 3 description of the RCA service's HTTP API (served at /api/v1/openapi.json).
+
+Kept next to the routes (api.py) and checked against the running server by a
+property-based run in the tests (tests/rca/test_api_fuzz.py): every answer must be one
+the description lists, with the declared content type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "bad query parameter", 401: "missing or invalid bearer token (with --auth-config)",
+            403: "the token's role or job patterns do not allow this", 404: "no such incident",
+            500: "internal error (logged)", 503: "too many connections"}
+    return {str(code): {"description": text[code], "content": {"application/json": {"schema": _ERROR}}}
+            for code in codes}
+
+
+_AUTH_ERRORS = (401, 403, 500, 503)
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "Mycroft RCA service API",
+        "version": "1",
+        "description": "Incidents (root causes of hangs and slowdowns), live job state, health and metrics. "
+                       "Read-only: spans go to the OTLP ports. With --auth-config every path but /healthz "
+                       "needs a read or admin bearer token; lists show only the token's jobs.",
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+            "Incident": {
+                "type": "object",
+                "required": ["id", "job", "kind", "status", "detected_at", "root_causes"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "job": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "status": {"type": "string", "enum": ["firing", "resolved"]},
+                    "severity": {"type": "string"},
+                    "summary": {"type": "string"},
+                    "detected_at": {"type": "string"},
+                    "root_causes": {"type": "array", "items": {"type": "object"}},
+                    "wait_for_graph": {"type": "object"},
+                },
+            },
+            "Job": {
+                "type": "object",
+                "required": ["job", "world_size", "ranks_seen"],
+                "properties": {
+                    "job": {"type": "string"},
+                    "world_size": {"type": "integer"},
+                    "ranks_seen": {"type": "integer"},
+                    "status_counts": {"type": "object"},
+                    "groups": {"type": "array", "items": {"type": "object"}},
+                    "ranks": {"type": "array", "items": {"type": "object"}},
+                },
+            },
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/healthz": {
+            "get": {
+                "summary": "Liveness; open even with --auth-config",
+                "security": [],
+                "responses": {
+                    "200": {"description": "serving", "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}}}},
+                    **_errors(500, 503),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (text exposition format)",
+                "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {
+                    "type": "string"}}}}, **_errors(*_AUTH_ERRORS)},
+            }
+        },
+        "/api/v1/openapi.json": {
+            "get": {"summary": "This description",
+                    "responses": {"200": {"description": "OpenAPI 3 document", "content": {
+                        "application/json": {"schema": {"type": "object"}}}}, **_errors(*_AUTH_ERRORS)}}
+        },
+        "/api/v1/incidents": {
+            "get": {
+                "summary": "Incidents, newest first",
+                "parameters": [
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"},
+                     "description": "at most this many (clamped to 1..10000; default 100)"},
+                    {"name": "job", "in": "query", "schema": {"type": "string"},
+                     "description": "only this job (and its other runs, JOB#RUN)"},
+                    {"name": "status", "in": "query", "schema": {"type": "string", "enum": ["firing", "resolved"]}},
+                ],
+                "responses": {"200": {"description": "incidents", "content": {"application/json": {"schema": {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Incident"}}}}},
+                    **_errors(400, *_AUTH_ERRORS)},
+            }
+        },
+        "/api/v1/incidents/{incident_id}": {
+            "get": {
+                "summary": "One incident",
+                "parameters": [{"name": "incident_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the incident", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Incident"}}}}, **_errors(404, *_AUTH_ERRORS)},
+            }
+        },
+        "/api/v1/jobs": {
+            "get": {
+                "summary": "Live state of every job (of the token's jobs)",
+                "responses": {"200": {"description": "jobs", "content": {"application/json": {"schema": {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}}, **_errors(*_AUTH_ERRORS)},
+            }
+        },
+    },
+}

@@ -25,6 +25,7 @@ from mycroft.otlp_server import OtlpReceiver
 from .conftest import SpanSink
 from .netprobe import post, raw_http, threads_of
 
+PB_HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-protobuf\r\n"
 LIMITS = HttpLimits(max_body_bytes=1 << 20, max_decoded_bytes=4 << 20, idle_timeout_s=1.0, body_timeout_s=1.0,
                     max_connections=1500)
 
@@ -63,7 +64,7 @@ def test_malformed_content_length_is_a_400(receiver: tuple[OtlpReceiver, SpanSin
 
 def test_short_body_times_out_with_408(receiver: tuple[OtlpReceiver, SpanSink]) -> None:
     server, sink = receiver
-    head = b"POST /v1/traces HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1048576\r\n\r\n"
+    head = PB_HEAD + b"Content-Length: 1048576\r\n\r\n"
     reply = raw_http(server.http_port or 0, head + b"abc", timeout=5.0)
     assert reply.status == 408 and reply.header("Connection") == "close"
     assert LIMITS.body_timeout_s <= reply.seconds < LIMITS.body_timeout_s + 1.5
@@ -72,7 +73,7 @@ def test_short_body_times_out_with_408(receiver: tuple[OtlpReceiver, SpanSink]) 
 
 def test_declared_giant_body_is_a_413_at_once(receiver: tuple[OtlpReceiver, SpanSink]) -> None:
     server, _ = receiver
-    head = b"POST /v1/traces HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000000000000\r\n\r\n"
+    head = PB_HEAD + b"Content-Length: 1000000000000\r\n\r\n"
     reply = raw_http(server.http_port or 0, head + b"abc", timeout=3.0)
     assert reply.status == 413 and reply.seconds < 0.5 and reply.header("Connection") == "close"
 
@@ -81,7 +82,7 @@ def test_chunked_body_over_the_cap_is_a_413(receiver: tuple[OtlpReceiver, SpanSi
     server, _ = receiver
     chunk = b"x" * 65536
     chunks = b"".join(b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(20)) + b"0\r\n\r\n"
-    head = b"POST /v1/traces HTTP/1.1\r\nHost: t\r\nContent-Type: application/x-protobuf\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = PB_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
     assert raw_http(server.http_port or 0, head + chunks, timeout=3.0).status == 413
 
 
@@ -94,7 +95,8 @@ def test_gzip_bomb_stops_at_the_decoded_cap(receiver: tuple[OtlpReceiver, SpanSi
     good = gzip.compress(request_from_records(_records()).SerializeToString())
     assert raw_http(server.http_port or 0, post("/v1/traces", good, extra="Content-Encoding: gzip\r\n")).status == 200
     corrupt = good[:10] + b"\xff" * 20
-    assert raw_http(server.http_port or 0, post("/v1/traces", corrupt, extra="Content-Encoding: gzip\r\n")).status == 400
+    reply = raw_http(server.http_port or 0, post("/v1/traces", corrupt, extra="Content-Encoding: gzip\r\n"))
+    assert reply.status == 400
     other = raw_http(server.http_port or 0, post("/v1/traces", good, extra="Content-Encoding: br\r\n"))
     assert other.status == 415
 

@@ -249,18 +249,18 @@ def test_cli_flags_warning_and_refusals(tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "pki")
     cmd = [sys.executable, "-m", "mycroft.cli", "rca", "serve", "--otlp-grpc", "127.0.0.1:0", "--db",
            str(tmp_path / "x.db")]
-    out = subprocess.run(cmd + ["--tls-cert", str(certs.server_cert)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*cmd, "--tls-cert", str(certs.server_cert)], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--tls-cert and --tls-key go together" in out.stderr
-    out = subprocess.run(cmd + ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.client_key)],
+    out = subprocess.run([*cmd, "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.client_key)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "cannot use --tls-cert" in out.stderr  # key of another certificate
     bad = tmp_path / "bad.yaml"
     bad.write_text("tokens: [{token: x, role: ingest}]")
-    out = subprocess.run(cmd + ["--auth-config", str(bad)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*cmd, "--auth-config", str(bad)], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "tokens[0]" in out.stderr
     # binding beyond loopback without auth: a loud warning on stderr
-    proc = subprocess.Popen(cmd[:-4] + ["--otlp-grpc", "", "--otlp-http", "0.0.0.0:0", "--http", "127.0.0.1:0",
-                                        "--db", str(tmp_path / "w.db")],
+    proc = subprocess.Popen([*cmd[:-4], "--otlp-grpc", "", "--otlp-http", "0.0.0.0:0", "--http", "127.0.0.1:0",
+                             "--db", str(tmp_path / "w.db")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stderr is not None

@@ -67,6 +67,9 @@ class _ThroughCollector:
     def incidents(self, job: str) -> list[dict[str, Any]]:
         return list(self._rca.incidents(job))
 
+    def alerts(self) -> list[tuple[float, dict[str, Any]]] | None:
+        return self._rca.alerts()
+
 
 def _print_incident(result: Any, trace_path: Path, spans: int, api: str) -> None:
     incident = result.incident

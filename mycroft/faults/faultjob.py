@@ -4,7 +4,7 @@
 
 Driven by environment variables (the harness sets them):
   MYCROFT_FAULT        none | block | sigkill | sigstop | straggler | mismatch | mismatch_size |
-                       deadlock | chain
+                       mismatch_dtype | deadlock | chain
   MYCROFT_FAULT_RANK   global rank that misbehaves
   MYCROFT_FAULT_STEP   step at which it starts (1-based)
   MYCROFT_FAULT_STEPS  steps to run (a hung job never gets there)
@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-FAULTS = ("none", "block", "sigkill", "sigstop", "straggler", "mismatch", "mismatch_size", "deadlock", "chain",
-          "external")
+FAULTS = ("none", "block", "sigkill", "sigstop", "straggler", "mismatch", "mismatch_size", "mismatch_dtype",
+          "deadlock", "chain", "external")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -128,6 +128,9 @@ def main() -> int:
         elif here and fault == "mismatch_size":
             _write_onset(onset_file, fault, rank, step)
             dist.all_reduce(torch.ones(2 * grad.numel()))
+        elif here and fault == "mismatch_dtype":
+            _write_onset(onset_file, fault, rank, step)
+            dist.all_reduce(grad.double())  # the others reduce float32
         else:
             dist.all_reduce(grad)
     dist.barrier()

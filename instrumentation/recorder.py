@@ -118,6 +118,11 @@ class Recorder:
         self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
         self.funcol_pending: dict[int, OpRecord] = {}
         self.failures_pending = False  # a failed op is queued: the runtime ships it at once
+        # time with at least one op in flight (cumulative): the rest is compute. Heartbeats carry
+        # it, so the RCA sees per rank and per interval how much it computed vs waited (skew-free)
+        self.comm_ns = 0
+        self.comm_since_ns = 0  # when the in-flight set last became non-empty
+        self.ops_done = 0
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
@@ -171,6 +176,8 @@ class Recorder:
             if spec.payload[1]:
                 record.bytes, record.dtype = payload_info(arg(args, kwargs, spec.payload))
             record.async_op = spec.always_async or bool(arg(args, kwargs, spec.async_op, False))
+            if not self.inflight:
+                self.comm_since_ns = start
             self.inflight[id(record)] = record
             self.last_activity_ns = start
             return record
@@ -218,7 +225,10 @@ class Recorder:
         record.timing = timing
         if record.op not in schema.P2P_OPS and record.seq > record.group.completed and state == schema.STATE_COMPLETED:
             record.group.completed = record.seq
-        self.inflight.pop(id(record), None)
+        if self.inflight.pop(id(record), None) is not None:
+            self.ops_done += 1
+            if not self.inflight:
+                self.comm_ns += max(0, record.end_ns - self.comm_since_ns)
         self.last_activity_ns = record.end_ns
         self._push(record)
 
@@ -274,3 +284,8 @@ class Recorder:
 
     def snapshot_inflight(self) -> list[OpRecord]:
         return list(self.inflight.values())
+
+    def comm_seconds(self, now_ns: int) -> float:
+        """Cumulative seconds this process had an op in flight, up to now."""
+        busy = self.comm_ns + (max(0, now_ns - self.comm_since_ns) if self.inflight else 0)
+        return busy / 1e9

@@ -245,6 +245,8 @@ class Runtime:
         idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
+        attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
+        attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
         if final_reason or (not inflight and idle_s >= self.config.stack_after_s):
             stack = main_thread_stack(self.config.stack_depth)
             if stack:

@@ -125,6 +125,10 @@ ATTR_HB_IDLE_S: Final = "mycroft.hb.idle_s"  # seconds since this rank last had 
 ATTR_HB_STACK: Final = "mycroft.hb.stack"  # main-thread Python stack, innermost last
 ATTR_HB_DROPPED: Final = "mycroft.hb.dropped"  # telemetry records dropped so far by this rank
 ATTR_HB_STEP: Final = "mycroft.hb.step"  # optional training step reported by the user
+# cumulative seconds the rank had >= 1 op in flight (the rest of its time is compute), and ops
+# completed so far: per interval, how much a rank computed vs waited, on its own clock
+ATTR_HB_COMM_S: Final = "mycroft.hb.comm_s"  # cumulative seconds with an op in flight since init
+ATTR_HB_OPS_DONE: Final = "mycroft.hb.ops_done"  # ops completed since init
 
 ATTR_HB_GROUP_IDS: Final = "mycroft.hb.group.ids"
 ATTR_HB_GROUP_NAMES: Final = "mycroft.hb.group.names"

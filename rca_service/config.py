@@ -37,6 +37,16 @@ class AnalysisConfig:
     straggler_lag_only_share: float = 0.9
     straggler_lag_only_window: int = 16
     straggler_lag_only_fraction: float = 0.5  # lag >= fraction * median interval
+    # stragglers by compute share (slowness.py): recent heartbeats vs the baseline before them
+    slow_recent_beats: int = 4
+    slow_base_beats: int = 8  # at most
+    slow_base_min_beats: int = 3  # the onset rule needs this many baseline intervals
+    imbalance_beats: int = 8
+    straggle_min_growth: float = 0.06  # compute share up this much more than the others' (which fall)
+    straggle_persistence: float = 0.75  # in this share of the recent intervals
+    imbalance_min_excess: float = 0.04  # compute share above the same-work peers' median
+    straggle_warning_slowdown: float = 1.15  # job op rate down this much: a warning, else info
+    imbalance_warning_excess: float = 0.15
     # a condition must clear for this long before its incident resolves
     resolve_after_s: float = 3.0
     # normal pauses (pauses.py): expected phases by stack pattern, each with its budget; pauses

@@ -18,6 +18,9 @@ from mycroft.otlp import SpanRecord
 from .config import AnalysisConfig
 from .pauses import LearnedPause
 
+WORK_SAMPLES = 40  # heartbeats of compute/wait history per rank (slowness.py)
+TIMELINE_OPS = 64  # completed ops per rank kept for the propagation evidence
+
 Sig = tuple[str, int, str]  # (op, bytes, dtype) of one rank's op at one seq
 P2PKey = tuple[str, int, int]  # (group id, src, dst)
 
@@ -66,6 +69,10 @@ class RankState:
     p2p_completed: dict[P2PKey, int] = field(default_factory=dict)
     errors: deque[tuple[str, int, str, str]] = field(default_factory=lambda: deque(maxlen=8))
     flows: dict[str, list[Any]] = field(default_factory=dict)
+    # (heartbeat time on the rank's clock, cumulative comm seconds, cumulative ops): compute vs wait
+    work: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=WORK_SAMPLES))
+    # the rank's last completed ops: (start, end, group id, seq), on its own clock
+    timeline: deque[tuple[float, float, str, int]] = field(default_factory=lambda: deque(maxlen=TIMELINE_OPS))
 
     def idle_at(self, now: float) -> float:
         if self.inflight:
@@ -207,6 +214,11 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank.idle_s = _float(a.get(schema.ATTR_HB_IDLE_S))
     rank.idle_observed_at = received_at
     rank.stack = str(a.get(schema.ATTR_HB_STACK, ""))[-cfg.max_stack_chars:]
+    comm = a.get(schema.ATTR_HB_COMM_S)
+    if comm is not None:
+        at = record.end_ns / 1e9
+        if not rank.work or at > rank.work[-1][0]:
+            rank.work.append((at, _float(comm), _int(a.get(schema.ATTR_HB_OPS_DONE))))
     step = a.get(schema.ATTR_HB_STEP)
     rank.step = _int(step) if step is not None else rank.step
     rank.dropped = _int(a.get(schema.ATTR_HB_DROPPED), rank.dropped)
@@ -294,6 +306,7 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
         key = (gid, src, dst)
         rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
         if done:
+            rank.timeline.append((record.start_ns / 1e9, record.end_ns / 1e9, gid, -seq))
             rank.p2p_completed[key] = max(rank.p2p_completed.get(key, 0), seq)
             job.last_progress_at = received_at
             rank.inflight = [op for op in rank.inflight if not _done(rank, op)]
@@ -310,6 +323,7 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
     rec.starts[rank.rank] = record.start_ns / 1e9
     rec.states[rank.rank] = state
     if done:
+        rank.timeline.append((record.start_ns / 1e9, record.end_ns / 1e9, gid, seq))
         rec.ends[rank.rank] = record.end_ns / 1e9
         group.durations.append(max(0.0, (record.end_ns - record.start_ns) / 1e9))
         if _advance(rank.completed, gid, seq):

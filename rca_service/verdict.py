@@ -9,6 +9,7 @@ mismatch > deadlock > hang > crash > slowdown, because the higher ones explain t
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 from . import graph as wfg
@@ -34,6 +35,7 @@ from .findings import (
     Finding,
     RootCause,
 )
+from .slowness import find_straggle
 from .state import JobState
 from .triggers import (
     ALIVE,
@@ -312,8 +314,46 @@ def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: Analy
                     "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)})
 
 
+def _straggle_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
+    """A rank whose own compute explains the slowness (slowness.py), with the propagation."""
+    found = find_straggle(job, cfg)
+    if found is None:
+        return None
+    w = found.own
+    chain = "; ".join(f"rank {v['rank']} waits +{float(v['extra_wait_share']):.0%} of its time"  # type: ignore[arg-type]
+                      + (f", most in {v['waited_most_in']}" if v["waited_most_in"] else "") for v in found.victims[:6])
+    if found.mode == "onset":
+        text = (f"rank {found.rank} computes {w.recent:.0%} of its time (was {w.base:.0%}) while the others' "
+                f"compute share fell: {found.excess:.0%} apart, in {found.persistence:.0%} of the recent intervals; "
+                f"the job completes ops x{found.slowdown:.2f} slower" + (f"; waiting on it: {chain}" if chain else ""))
+        severity = WARNING if found.slowdown >= cfg.straggle_warning_slowdown else INFO
+        reason = (f"job {'slowed' if severity == WARNING else 'barely slowed'} x{found.slowdown:.2f} "
+                  f"(warning from x{cfg.straggle_warning_slowdown:g})")
+    else:
+        text = (f"rank {found.rank} computes {w.recent:.0%} of its time, {found.excess:.0%} more than the ranks "
+                f"that do the same work ({', '.join(map(str, found.peers[:8]))}): a persistently slower rank"
+                + (f"; waiting on it: {chain}" if chain else ""))
+        severity = WARNING if found.excess >= cfg.imbalance_warning_excess else INFO
+        reason = (f"{'an' if severity == WARNING else 'a mild'} imbalance of {found.excess:.0%} compute share "
+                  f"(warning from {cfg.imbalance_warning_excess:.0%})")
+    evidence = {"text": text, "mode": found.mode, "compute_share": round(w.recent, 4),
+                "baseline_compute_share": None if math.isnan(w.base) else round(w.base, 4),
+                "excess_share": round(found.excess, 4),
+                "persistence": round(found.persistence, 3), "job_slowdown": round(found.slowdown, 3),
+                "peers": found.peers[:32], "waiting_on_it": found.victims}
+    summary = f"job slowed down x{found.slowdown:.2f}: {text}" if found.mode == "onset" else text
+    return Finding(job.job_id, SLOWDOWN, summary, [RootCause(found.rank, RC_STRAGGLER, evidence)], {},
+                   {"mode": found.mode, "job_slowdown": round(found.slowdown, 3)}, severity, reason)
+
+
 def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
-    found = find_slowdowns(job, cfg)
+    straggle = _straggle_finding(job, cfg)
+    if straggle is not None:
+        return straggle
+    # without compute/wait heartbeats (older instrumentation, spans-only recordings) arrival
+    # order is all there is; with them, a slowdown no rank's compute explains is the transport's
+    has_work = any(rank.work for rank in job.ranks.values())
+    found = [s for s in find_slowdowns(job, cfg) if not has_work or s.straggler is None]
     if not found:
         return None
     found.sort(key=lambda s: (s.straggler is None, -s.last_share, -s.ratio))

@@ -1,0 +1,189 @@
+"""Who makes the job slow: the rank whose own compute grew, not the one that arrived last.
+
+In a TP x PP x DP job lateness propagates: a slow rank makes its TP peer wait, that peer
+arrives late at its DP all-reduce, its DP peers arrive late at their pipeline sends...
+Arrival order convicts the whole replica. What does not propagate is *compute*: every
+heartbeat says how long the rank had an op in flight so far (`mycroft.hb.comm_s`), on its
+own clock, so per interval each rank splits into compute and wait. The straggler is the
+rank whose compute share grew while everyone else's wait grew; a persistently slower rank
+is one that computes more than the peers it shares a collective group with (same stage,
+same work). Only intervals in which the rank completed ops count: a pause (checkpoint,
+evaluation) is not slowness, and the hang path reports it.
+
+Pure functions of the job state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .config import AnalysisConfig
+from .state import JobState, RankState
+
+
+@dataclass(slots=True)
+class WorkWindow:
+    """One rank's compute share (1 - comm time / elapsed) over its recent and baseline heartbeats."""
+
+    rank: int
+    base: float
+    recent: float
+    recent_intervals: list[float]  # per-interval compute shares (progressing intervals only)
+    base_rate: float  # ops completed per second
+    recent_rate: float
+    recent_span: tuple[float, float]  # rank-clock time range of the recent window
+
+
+@dataclass(slots=True)
+class Straggle:
+    rank: int
+    mode: str  # "onset": its own compute grew; "imbalance": it computes more than its peers
+    excess: float  # compute share above its baseline (onset) or its peers (imbalance)
+    persistence: float  # share of recent intervals that show it
+    slowdown: float  # job op rate, baseline / recent (1.0 = not slower)
+    own: WorkWindow
+    peers: list[int] = field(default_factory=list)
+    victims: list[dict[str, object]] = field(default_factory=list)
+
+
+def _share(samples: list[tuple[float, float, int]]) -> tuple[float, float] | None:
+    """(compute share, op rate) between the first and last sample, progressing intervals only."""
+    busy = elapsed = 0.0
+    ops = 0
+    for (t0, c0, n0), (t1, c1, n1) in itertools.pairwise(samples):
+        if n1 <= n0 or t1 <= t0 or n0 == 0:
+            continue  # no op completed: paused (or hung), not slow; or start-up (ranks still joining)
+        busy += max(0.0, c1 - c0)
+        elapsed += t1 - t0
+        ops += n1 - n0
+    if elapsed <= 0:
+        return None
+    return max(0.0, 1.0 - min(1.0, busy / elapsed)), ops / elapsed
+
+
+def _intervals(samples: list[tuple[float, float, int]]) -> list[float]:
+    out = []
+    for (t0, c0, n0), (t1, c1, n1) in itertools.pairwise(samples):
+        if n1 > n0 and t1 > t0 and n0 > 0:
+            out.append(max(0.0, 1.0 - min(1.0, (c1 - c0) / (t1 - t0))))
+    return out
+
+
+def work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow | None:
+    """The last `beats` intervals, and the baseline before them where there is one (nan otherwise)."""
+    samples = [s for s in rank.work if s[2] > 0] or list(rank.work)[-1:]  # from the first op on
+    if len(samples) < beats + 1:
+        return None
+    recent = samples[-(beats + 1):]
+    r = _share(recent)
+    if r is None:
+        return None
+    base = samples[-(beats + cfg.slow_base_beats + 1):-beats]
+    b = _share(base) if len(base) >= cfg.slow_base_min_beats + 1 else None
+    return WorkWindow(rank.rank, b[0] if b else math.nan, r[0], _intervals(recent), b[1] if b else math.nan,
+                      r[1], (recent[0][0], recent[-1][0]))
+
+
+def peer_sets(job: JobState) -> dict[int, set[int]]:
+    """Ranks that do the same work: members of a rank's minimal collective groups.
+
+    A group that strictly contains another group of the job (the world group of a 3D job)
+    mixes pipeline stages; TP and DP groups do not.
+    """
+    groups = [frozenset(g.ranks) for g in job.groups.values() if len(g.ranks) >= 2]
+    minimal = [g for g in set(groups) if not any(o < g for o in groups)]
+    peers: dict[int, set[int]] = defaultdict(set)
+    for members in minimal:
+        for r in members:
+            peers[r] |= members
+    for r in peers:
+        peers[r].discard(r)
+    return peers
+
+
+def _victims(job: JobState, windows: dict[int, WorkWindow], culprit: int, limit: int = 8) -> list[dict[str, object]]:
+    """Who waited more, and in which group (from their recent completed ops)."""
+    out = []
+    for r, w in windows.items():
+        if r == culprit:
+            continue
+        if culprit in windows and not math.isnan(w.base):
+            extra_wait = w.base - w.recent  # compute share down = wait share up
+        else:  # no baseline: how much more it waits than the culprit
+            extra_wait = windows[culprit].recent - w.recent if culprit in windows else 0.0
+        if extra_wait <= 0.01:
+            continue
+        rank = job.ranks[r]
+        t0, t1 = w.recent_span
+        per_group: dict[str, float] = defaultdict(float)
+        for start, end, gid, seq in rank.timeline:
+            if end >= t0 and start <= t1:
+                per_group[gid if seq >= 0 else f"p2p:{gid}"] += end - start
+        where = max(per_group, key=per_group.__getitem__) if per_group else ""
+        group = job.groups.get(where.removeprefix("p2p:"))
+        name = (group.name or where) if group is not None else where
+        out.append({"rank": r, "extra_wait_share": round(extra_wait, 3),
+                    "waited_most_in": ("p2p " if where.startswith("p2p:") else "group ") + name if where else ""})
+    out.sort(key=lambda v: -float(v["extra_wait_share"]))  # type: ignore[arg-type]
+    return out[:limit]
+
+
+def _aligned_gaps(own: WorkWindow, others: list[WorkWindow]) -> list[float]:
+    """Per recent interval: the rank's compute share minus the others' median (aligned from the end)."""
+    out = []
+    for i in range(1, len(own.recent_intervals) + 1):
+        theirs = [w.recent_intervals[-i] for w in others if len(w.recent_intervals) >= i]
+        if theirs:
+            out.append(own.recent_intervals[-i] - statistics.median(theirs))
+    return out
+
+
+def _persistence(values: list[float], floor: float) -> float:
+    return sum(v > floor for v in values) / len(values) if values else 0.0
+
+
+def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
+    """The rank whose compute explains the job's slowness, if one does."""
+    windows = {r: w for r, rank in job.ranks.items()
+               if (w := work_window(rank, cfg, cfg.slow_recent_beats)) is not None}
+    if len(windows) < 2:
+        return None
+    based = {r: w for r, w in windows.items() if not math.isnan(w.base)}
+    recent_rate = statistics.median(w.recent_rate for w in windows.values())
+    base_rate = statistics.median(w.base_rate for w in based.values()) if based else recent_rate
+    slowdown = base_rate / recent_rate if recent_rate > 0 else 1.0
+    # onset: a rank whose compute share held or grew while everyone else's fell (they wait on it)
+    growth = {r: w.recent - w.base for r, w in based.items()}
+    top = max(growth, key=growth.__getitem__) if len(growth) >= 2 else -1
+    rest = [r for r in growth if r != top] if top >= 0 else []
+    own = windows.get(top, next(iter(windows.values())))
+    spread = growth[top] - statistics.median(growth[r] for r in rest) if rest else 0.0
+    if rest and growth[top] >= -cfg.straggle_min_growth / 3 and spread >= cfg.straggle_min_growth:
+        base_gap = own.base - statistics.median(based[r].base for r in rest)
+        gaps = _aligned_gaps(own, [based[r] for r in rest])
+        persistence = _persistence([g - base_gap for g in gaps], spread / 2)
+        if persistence >= cfg.straggle_persistence:
+            return Straggle(top, "onset", spread, persistence, slowdown, own,
+                            victims=_victims(job, windows, top))
+    # imbalance: a rank computing more than the ranks that do the same work (a longer window)
+    windows = {r: w for r, rank in job.ranks.items()
+               if (w := work_window(rank, cfg, cfg.imbalance_beats)) is not None}
+    peers = peer_sets(job)
+    best: Straggle | None = None
+    for r, w in windows.items():
+        mates = [p for p in peers.get(r, ()) if p in windows]
+        if not mates:
+            continue
+        excess = w.recent - statistics.median(windows[p].recent for p in mates)
+        if excess < cfg.imbalance_min_excess or (best is not None and excess <= best.excess):
+            continue
+        per_interval = [f - statistics.median(windows[p].recent for p in mates) for f in w.recent_intervals]
+        persistence = _persistence(per_interval, excess / 2)
+        if persistence >= cfg.straggle_persistence:
+            best = Straggle(r, "imbalance", excess, persistence, slowdown, w, sorted(mates),
+                            victims=_victims(job, windows, r))
+    return best

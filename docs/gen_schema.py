@@ -28,6 +28,9 @@ MEANINGS: dict[str, tuple[str, str, str]] = {
     "RES_WORLD_SIZE": ("int", "World size", "`8`"),
     "RES_LOCAL_RANK": ("int", "Rank on its node (LOCAL_RANK)", "`3`"),
     "RES_SCHEMA_VERSION": ("string", "Version of this contract", "`1`"),
+    "RES_RUN_ID": ("string", "One launch of the job, the same on every rank (negotiated through the c10d store, "
+                   "`.N` = torchelastic restart); two runs under one job id never share RCA state",
+                   "`3f9a1c2e7b4d.0`"),
     "SPAN_HEARTBEAT": ("span name", "Per-rank progress record, every MYCROFT_HEARTBEAT_INTERVAL seconds", "—"),
     "SPAN_COLLECTIVE_SUMMARY": ("span name", "One per collective, from the collector processor; no rank", "—"),
     "SPAN_FLOW_SUMMARY": ("span name", "Condensed native per-flow detail (collector processor)", "—"),

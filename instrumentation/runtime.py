@@ -34,6 +34,7 @@ from mycroft.otlp import AttrValue, SpanRecord
 log = logging.getLogger("mycroft.instrumentation")
 
 JOB_ID_STORE_KEY = "mycroft/job_id"
+RUN_ID_STORE_KEY = "mycroft/run_id"
 # Frames of Mycroft's own code are dropped from reported stacks: the instrumentation and the
 # top-level mycroft modules, but not mycroft.faults (its jobs are the user code under test).
 _OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -62,6 +63,28 @@ def negotiate_job_id(configured: str | None) -> str:
     return "job-{}-{}".format(os.environ.get("MASTER_ADDR", "local"), os.environ.get("MASTER_PORT", "0"))
 
 
+def negotiate_run_id() -> str:
+    """This launch's id, the same on every rank: "<base>.<restart>".
+
+    The base is set once in the c10d store (which torchelastic keeps across restarts, so a
+    relaunch keeps its base) and the restart count comes from TORCHELASTIC_RESTART_COUNT:
+    the RCA keeps two launches under one job id apart, and knows a restart from a clash.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    restart = restart if restart.isdigit() else "0"
+    try:
+        import torch.distributed as dist
+
+        store = dist.distributed_c10d._get_default_store()
+        agreed = store.compare_set(RUN_ID_STORE_KEY, "", uuid.uuid4().hex[:12])
+        base = agreed.decode() if isinstance(agreed, bytes) else str(agreed)
+        if base:
+            return f"{base}.{restart}"
+    except Exception as exc:
+        log.debug("mycroft: run id negotiation failed: %r", exc)
+    return "{}-{}.{}".format(os.environ.get("MASTER_ADDR", "local"), os.environ.get("MASTER_PORT", "0"), restart)
+
+
 def main_thread_stack(depth: int) -> str:
     """Where the main thread is now: innermost frame last, Mycroft's own frames removed."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
@@ -84,6 +107,7 @@ class Runtime:
         self.world_size = dist.get_world_size()
         recorder.world_rank = self.rank
         self.job_id = negotiate_job_id(config.job_id)
+        self.run_id = negotiate_run_id()
         self.resource = self._resource(base_resource)
         if exporter is None and deliver is None:
             exporter = exporter_from_env()
@@ -109,6 +133,7 @@ class Runtime:
     def _resource(self, base: Resource | None) -> Resource:
         attributes: dict[str, AttrValue] = {
             schema.RES_JOB_ID: self.job_id,
+            schema.RES_RUN_ID: self.run_id,
             schema.RES_RANK: self.rank,
             schema.RES_WORLD_SIZE: self.world_size,
             schema.RES_LOCAL_RANK: int(os.environ.get("LOCAL_RANK", self.rank)),

@@ -28,6 +28,7 @@ RES_RANK: Final = "mycroft.rank"
 RES_WORLD_SIZE: Final = "mycroft.world_size"
 RES_LOCAL_RANK: Final = "mycroft.local_rank"
 RES_SCHEMA_VERSION: Final = "mycroft.schema.version"
+RES_RUN_ID: Final = "mycroft.run.id"  # one launch of the job (same on every rank); a relaunch gets a new one
 
 # --------------------------------------------------------------------------------------
 # Span names (low cardinality). Collective / p2p spans are named by their op (OP_*).
@@ -298,21 +299,54 @@ def encode_ranks(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def decode_ranks(text: str) -> list[int]:
-    """Inverse of encode_ranks(); raises ValueError on malformed input."""
+MAX_DECODED_RANKS: Final = 1 << 18  # twice the largest job the RCA keeps state for
+
+
+def _rank_parts(text: str, world_size: int | None, max_count: int) -> tuple[list[tuple[int, int, int]], int]:
+    """Parse a compact rank list into (first, last, step) parts and their total count, expanding nothing."""
+    if len(text) > 16 * max_count:
+        raise ValueError(f"rank list of {len(text)} characters")
+    count = 0
+    parts = []
+    for part in text.split(","):
+        span, _, step_text = part.partition("/")
+        first_text, dash, last_text = span.partition("-")
+        first = int(first_text)
+        last = int(last_text) if dash else first
+        step = int(step_text) if step_text else 1
+        if step <= 0:
+            raise ValueError(f"bad stride in rank list: {part!r}")
+        if first < 0 or last < first:
+            raise ValueError(f"bad range in rank list: {part!r}")
+        if world_size is not None and last >= world_size:
+            raise ValueError(f"rank {last} in rank list is outside the world of {world_size}")
+        count += (last - first) // step + 1
+        if count > max_count:
+            raise ValueError(f"rank list names more than {max_count} ranks")
+        parts.append((first, last, step))
+    return parts, count
+
+
+def count_ranks(text: str, world_size: int | None = None, max_count: int = MAX_DECODED_RANKS) -> int:
+    """How many ranks a compact list names, validated like decode_ranks() but without expanding it."""
+    return _rank_parts(text, world_size, max_count)[1] if text else 0
+
+
+def decode_ranks(text: str, world_size: int | None = None, max_count: int = MAX_DECODED_RANKS) -> list[int]:
+    """Inverse of encode_ranks(); raises ValueError on malformed input.
+
+    Bounded before anything is expanded: a 9-byte "0-999999999" would otherwise be a
+    billion ints. Every rank must be >= 0 (and < world_size when given), and the list
+    at most `max_count` long; both are checked on the range ends, arithmetically.
+    """
     ranks: list[int] = []
     if not text:
         return ranks
-    for part in text.split(","):
-        span, _, step_text = part.partition("/")
-        first, dash, last = span.partition("-")
-        if dash:
-            step = int(step_text) if step_text else 1
-            if step <= 0:
-                raise ValueError(f"bad stride in rank list: {part!r}")
-            ranks.extend(range(int(first), int(last) + 1, step))
+    for first, last, step in _rank_parts(text, world_size, max_count)[0]:
+        if first == last:
+            ranks.append(first)
         else:
-            ranks.append(int(first))
+            ranks.extend(range(first, last + 1, step))
     return ranks
 
 

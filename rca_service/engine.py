@@ -37,9 +37,13 @@ class Engine:
         self.jobs: dict[str, JobState] = {}
         self.tracker = IncidentTracker(self.cfg.resolve_after_s, firing, self.cfg.consequence_window_s)
         self.last_pass = PassStats()
+        self._evicted: list[str] = []  # jobs dropped by the job cap since the last step
 
-    def ingest(self, records: Iterable[SpanRecord], received_at: float, *, use_span_time: bool = False) -> int:
-        return apply_records(self.jobs, records, received_at, self.cfg, use_span_time=use_span_time)
+    def ingest(self, records: Iterable[SpanRecord], received_at: float, *, use_span_time: bool = False,
+               rejected: dict[str, int] | None = None) -> int:
+        """Fold records in; refusals are counted by reason into `rejected` (admission.py)."""
+        return apply_records(self.jobs, records, received_at, self.cfg, use_span_time=use_span_time,
+                             rejected=rejected, evicted=self._evicted)
 
     def step(self, now: float) -> list[Event]:
         """One analysis pass over every job."""
@@ -48,6 +52,10 @@ class Engine:
         stats = PassStats()
         for job_id in expire_jobs(self.jobs, now, self.cfg):
             events.extend(self.tracker.resolve_job(job_id, now, "job expired"))
+        evicted, self._evicted = self._evicted, []
+        for job_id in dict.fromkeys(evicted):  # its state is gone: nothing could ever resolve its incidents
+            if job_id not in self.jobs:
+                events.extend(self.tracker.resolve_job(job_id, now, "job evicted to stay under max_jobs (stale)"))
         # incidents loaded at start-up for jobs that never report again
         orphans = {inc.job for inc in self.tracker.active.values()
                    if inc.job not in self.jobs and now - inc.last_seen_at > self.cfg.job_ttl_s}

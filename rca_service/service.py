@@ -118,11 +118,15 @@ class RcaService:
             self.metrics.inc("mycroft_rca_spans_dropped_total", spans, reason=reason)
 
     def _apply(self, records: list[SpanRecord], received_at: float) -> None:
+        rejected: dict[str, int] = {}
         with self._lock:
-            used = self.engine.ingest(records, received_at)
+            used = self.engine.ingest(records, received_at, rejected=rejected)
         self.metrics.inc("mycroft_rca_spans_applied_total", used)
-        if used < len(records):
-            self.metrics.inc("mycroft_rca_spans_ignored_total", len(records) - used)
+        for reason, count in rejected.items():
+            self.metrics.inc("mycroft_rca_spans_dropped_total", count, reason=reason)
+        ignored = len(records) - used - sum(rejected.values())
+        if ignored:
+            self.metrics.inc("mycroft_rca_spans_ignored_total", ignored)
 
     def analyze_now(self, now: float | None = None) -> None:
         now = time.time() if now is None else now

@@ -15,6 +15,7 @@ from typing import Any
 from mycroft import schema
 from mycroft.otlp import SpanRecord
 
+from . import admission
 from .config import AnalysisConfig
 from .pauses import LearnedPause
 
@@ -132,6 +133,7 @@ class JobState:
     dropped_records: int = 0
     hb_interval: float = 1.0  # the interval the job's ranks last reported (for ranks not heard from yet)
     pauses: dict[tuple[int, str], LearnedPause] = field(default_factory=dict)  # pauses it resumed from
+    run_id: str = ""  # the launch (mycroft.run.id) this state belongs to; "" when the ranks send none
 
     def max_interval(self) -> float:
         return max((r.hb_interval for r in self.ranks.values()), default=1.0)
@@ -170,7 +172,7 @@ def _group(job: JobState, gid: str, name: str, ranks_text: str | None, cfg: Anal
             group.ranks = tuple(sorted(ranks))
         elif ranks_text:
             try:
-                group.ranks = tuple(schema.decode_ranks(ranks_text))
+                group.ranks = tuple(schema.decode_ranks(ranks_text, job.world_size or None, cfg.max_ranks_per_job))
             except ValueError:
                 group.ranks = ()
     if name and not group.name:
@@ -335,10 +337,13 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
 
 
 def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], received_at: float,
-                  cfg: AnalysisConfig, *, use_span_time: bool = False) -> int:
+                  cfg: AnalysisConfig, *, use_span_time: bool = False, rejected: dict[str, int] | None = None,
+                  evicted: list[str] | None = None) -> int:
     """Fold records into per-job state; returns how many were used.
 
-    Records without a rank or job (collector summaries, foreign spans) are skipped.
+    Records without a rank or job (collector summaries, foreign spans) are skipped;
+    records outside the bounds of admission.py are refused and counted in `rejected`
+    by reason. Jobs dropped to make room (max_jobs) are appended to `evicted`.
     With use_span_time (offline replay) each record counts as received at its end time.
     """
     used = 0
@@ -349,14 +354,13 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
         rank_id = record.rank
         if rank_id is None or rank_id < 0:
             continue
-        job_id = record.job_id
+        reason = admission.reject_reason(record, rank_id, cfg)
+        if reason is not None:
+            if rejected is not None:
+                rejected[reason] = rejected.get(reason, 0) + 1
+            continue
         at = record.end_ns / 1e9 if use_span_time else received_at
-        job = jobs.get(job_id)
-        if job is None:
-            if len(jobs) >= cfg.max_jobs:
-                oldest = min(jobs.values(), key=lambda j: j.last_seen)
-                del jobs[oldest.job_id]
-            job = jobs[job_id] = JobState(job_id=job_id, first_seen=at, last_progress_at=at)
+        job = _job_for(jobs, record, at, cfg, evicted)
         if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
             job.dropped_records += 1
             continue
@@ -371,6 +375,32 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
             _apply_op_span(job, rank, record, at, cfg)
         used += 1
     return used
+
+
+def _job_for(jobs: dict[str, JobState], record: SpanRecord, at: float, cfg: AnalysisConfig,
+             evicted: list[str] | None) -> JobState:
+    """The state of the record's run: a second live run under the same job id gets its own."""
+    key = job_id = record.job_id
+    run, world = admission.run_of(record), admission.world_of(record)
+    job = jobs.get(key)
+    if job is not None and not admission.same_run(job.run_id, job.world_size, run, world):
+        quiet = at - job.last_seen > admission.QUIET_INTERVALS * job.max_interval()
+        if quiet or admission.is_relaunch(job.run_id, run):
+            del jobs[key]  # the old run ended: this one takes its place (and its incidents resolve or move on)
+            job = None
+        else:
+            key = admission.job_key(job_id, run, world)
+            job = jobs.get(key)
+    if job is None:
+        if len(jobs) >= cfg.max_jobs:
+            oldest = min(jobs.values(), key=lambda j: j.last_seen)
+            del jobs[oldest.job_id]
+            if evicted is not None:
+                evicted.append(oldest.job_id)
+        job = jobs[key] = JobState(job_id=key, first_seen=at, last_progress_at=at, run_id=run)
+    elif run and not job.run_id:
+        job.run_id = run
+    return job
 
 
 def expire_jobs(jobs: dict[str, JobState], now: float, cfg: AnalysisConfig) -> list[str]:

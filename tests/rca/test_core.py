@@ -222,7 +222,9 @@ def test_foreign_and_summary_spans_are_ignored_safely() -> None:
             schema.ATTR_HB_INFLIGHT_GROUP_IDS: ["g", "h"], schema.ATTR_HB_INFLIGHT_SEQS: ["bad"]},
             resource={schema.RES_RANK: "1", schema.RES_JOB_ID: "j"}),
     ]
-    assert apply_records(jobs, junk, 1.0, CFG) == 2
+    rejected: dict[str, int] = {}
+    assert apply_records(jobs, junk, 1.0, CFG, rejected=rejected) == 1
+    assert rejected == {"bad_group_ranks": 1}  # "0-a" is refused (and counted), not folded with no members
     assert analyze_job(jobs["j"], 2.0, CFG) == [] or True  # must not raise
     analyze_job(jobs["j"], 100.0, CFG)
 

@@ -24,6 +24,8 @@ ENV_EXPORT_DELAY = "MYCROFT_EXPORT_DELAY"
 ENV_DDP_HOOK = "MYCROFT_DDP_HOOK"
 ENV_CATCH_SIGNALS = "MYCROFT_CATCH_SIGNALS"
 ENV_NATIVE = "MYCROFT_NATIVE"
+ENV_COMPLETION_POLL_MS = "MYCROFT_COMPLETION_POLL_MS"
+ENV_MAX_PENDING_WORKS = "MYCROFT_MAX_PENDING_WORKS"
 
 
 def _float(name: str, default: float, minimum: float = 0.0) -> float:
@@ -71,6 +73,8 @@ class MycroftConfig:
     ddp_hook: bool = True
     catch_signals: tuple[str, ...] = field(default=("SIGTERM",))
     native: bool = True
+    completion_poll_s: float = 0.001  # device-async backends: how often pending Works are polled
+    max_pending_works: int = 1024  # Works (and their tensors) held at most for completion polling
 
     @classmethod
     def from_env(cls) -> MycroftConfig:
@@ -95,4 +99,6 @@ class MycroftConfig:
             ddp_hook=_bool(ENV_DDP_HOOK, True),
             catch_signals=signals,
             native=_bool(ENV_NATIVE, True),
+            completion_poll_s=_float(ENV_COMPLETION_POLL_MS, 1.0, 0.05) / 1000.0,
+            max_pending_works=_int(ENV_MAX_PENDING_WORKS, 1024, 1),
         )

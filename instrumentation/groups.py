@@ -17,6 +17,20 @@ from typing import Any
 
 from mycroft import schema
 
+# Backends whose ops return at enqueue and complete later on the device (ProcessGroupNCCL:
+# Work.wait() only makes the current stream wait). A Python process group can declare the
+# same with a class attribute `_mycroft_device_async = True` (the CPU simulator does).
+DEVICE_ASYNC_BACKENDS = frozenset({"nccl", "xccl"})
+
+
+def completes_on_device(pg: Any, backend: str) -> bool:
+    """Whether the group's ops complete after their call returns (completion must come from the Work)."""
+    if getattr(pg, "_mycroft_device_async", False):
+        return True
+    # "nccl", or a device map such as "cpu:gloo,cuda:nccl" (CUDA tensors then go to NCCL)
+    names = {part.rsplit(":", 1)[-1].strip() for part in backend.lower().split(",")}
+    return bool(names & DEVICE_ASYNC_BACKENDS)
+
 
 @dataclass(slots=True)
 class GroupInfo:
@@ -36,6 +50,8 @@ class GroupInfo:
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     issued: int = 0  # last collective seq issued on this rank
     completed: int = 0  # last collective seq completed on this rank
+    device_async: bool = False  # ops complete on the device after the call returns (NCCL)
+    fr_completed: int = -1  # the Flight Recorder's last completed seq (-1: unknown)
 
     @property
     def size(self) -> int:
@@ -114,6 +130,7 @@ class GroupRegistry:
             group_rank=pg.rank(),
             backend=backend,
             pg=pg,
+            device_async=completes_on_device(pg, backend),
         )
         self._by_pg[id(pg)] = info
         return info

@@ -49,7 +49,7 @@ class MycroftInstrumentor(BaseInstrumentor):
             return
         if not dist.is_available():
             return
-        recorder = Recorder(config.queue_size)
+        recorder = Recorder(config.queue_size, config.completion_poll_s, config.max_pending_works)
         self._recorder = recorder
         self._patcher = patching.Patcher()
         provider = kwargs.get("tracer_provider")

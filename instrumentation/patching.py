@@ -19,8 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mycroft.instrumentation.ops import C10D_SPECS, FUNCOL_SPECS, OpSpec
-from mycroft.instrumentation.recorder import Recorder
+from mycroft.instrumentation.ops import C10D_SPECS, FUNCOL_SPECS, NO_ARG, ArgRef, OpSpec
+from mycroft.instrumentation.recorder import OpRecord, Recorder
 
 log = logging.getLogger("mycroft.instrumentation")
 
@@ -61,6 +61,47 @@ C10D_PREFIX = "torch.distributed."
 FUNCOL_PREFIX = "torch.distributed._functional_collectives."
 
 
+def _force_async(args: tuple[Any, ...], kwargs: dict[str, Any], ref: ArgRef) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The same call with async_op=True, wherever the caller put the flag."""
+    position, keyword = ref
+    if 0 <= position < len(args):
+        return (*args[:position], True, *args[position + 1:]), kwargs
+    return args, {**kwargs, keyword: True}
+
+
+def _device_sync_call(recorder: Recorder, spec: OpSpec, original: Callable[..., Any], record: OpRecord,
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A sync op on a device-async group (NCCL): keep its Work, so completion comes from the device.
+
+    torch's sync path is `work = <async op>; work.wait()` (NCCL: the current stream waits, the
+    host goes on; barrier: the host waits), so issuing it with async_op=True and waiting here
+    is the same call. send / recv have no async flag: torch issues isend / irecv inside them,
+    whose Work the nested wrapper hands over through depth.capture.
+    """
+    depth = recorder.depth
+    depth.value += 1
+    work = None
+    try:
+        if spec.async_op is not NO_ARG:
+            args, kwargs = _force_async(args, kwargs, spec.async_op)
+            work = original(*args, **kwargs)
+            if work is not None:
+                work.wait()
+            result = None
+        else:
+            depth.capture = []
+            result = original(*args, **kwargs)
+            work = depth.capture[0] if depth.capture else None
+    except BaseException as exc:
+        recorder.failed(record, exc)
+        raise
+    finally:
+        depth.value -= 1
+        depth.capture = None
+    recorder.issued(record, result, work=work)
+    return result
+
+
 def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
     api = C10D_PREFIX + spec.api
     depth = recorder.depth  # read directly: this is the hot path
@@ -68,10 +109,15 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if depth.value:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if depth.capture is not None and result is not None:
+                depth.capture.append(result)
+            return result
         record = recorder.begin(spec, args, kwargs, api=api)
         if record is None:
             return original(*args, **kwargs)
+        if record.device and not record.async_op:
+            return _device_sync_call(recorder, spec, original, record, args, kwargs)
         depth.value += 1
         try:
             result = original(*args, **kwargs)

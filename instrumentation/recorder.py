@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from mycroft.instrumentation.completion import CompletionTracker
 from mycroft.instrumentation.groups import GroupInfo, GroupRegistry
 from mycroft.instrumentation.ops import OpSpec, arg
 
@@ -26,9 +27,17 @@ _now_ns = time.time_ns
 
 
 class _Depth(threading.local):
-    """Per-thread nesting depth of wrapped calls (a wrapped API calling another records once)."""
+    """Per-thread nesting depth of wrapped calls (a wrapped API calling another records once).
+
+    capture: while a sync send/recv on a device-async group runs, the Work of the isend /
+    irecv torch issues inside it is collected here (its completion is the op's).
+    """
 
     value = 0
+    capture: list[Any] | None = None
+
+
+_NO_WORK: Any = object()
 
 
 class OpRecord:
@@ -38,6 +47,8 @@ class OpRecord:
         "api",
         "async_op",
         "bytes",
+        "call_end_ns",
+        "device",
         "dst",
         "dtype",
         "end_ns",
@@ -63,6 +74,8 @@ class OpRecord:
         self.seq = seq
         self.start_ns = start_ns
         self.end_ns = 0
+        self.call_end_ns = 0  # when the issuing call returned (device-async backends: enqueue)
+        self.device = group.device_async  # completes on the device, after the call
         self.bytes = 0
         self.dtype: Any = None  # torch.dtype, named off the hot path
         self.peer = -1
@@ -102,7 +115,7 @@ def payload_info(value: Any) -> tuple[int, Any]:
 class Recorder:
     """Per-process recording state shared by every wrapper."""
 
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, completion_poll_s: float = 0.001, max_pending_works: int = 1024) -> None:
         self.groups = GroupRegistry()
         self.queue: collections.deque[OpRecord] = collections.deque()
         self.queue_size = queue_size
@@ -117,12 +130,14 @@ class Recorder:
         self._drop_logged = False
         self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
         self.funcol_pending: dict[int, OpRecord] = {}
+        self.funcol_device: list[OpRecord] = []  # waited funcol ops of device-async groups
         self.failures_pending = False  # a failed op is queued: the runtime ships it at once
         # time with at least one op in flight (cumulative): the rest is compute. Heartbeats carry
         # it, so the RCA sees per rank and per interval how much it computed vs waited (skew-free)
         self.comm_ns = 0
         self.comm_since_ns = 0  # when the in-flight set last became non-empty
         self.ops_done = 0
+        self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
@@ -185,18 +200,29 @@ class Recorder:
             self._note_error(spec.api, exc)
             return None
 
-    def issued(self, record: OpRecord, result: Any, count_p2p: bool = True) -> None:
+    def issued(self, record: OpRecord, result: Any, count_p2p: bool = True, work: Any = _NO_WORK) -> None:
         """The call returned: a sync op is complete; an async one completes later.
 
+        On a device-async group (NCCL) every op completes later, when its Work says so: `work`
+        is the Work of a sync op (the wrapper issued it async), else the async call's result.
         count_p2p=False for the later ops of a batch whose first op measured the batch.
         """
         try:
+            record.call_end_ns = _now_ns()
             info = record.group
             if record.op in schema.P2P_OPS and count_p2p:
                 info.p2p_counter_delta += info.counter() - record.key
                 if record.peer < 0 and isinstance(result, int):  # recv from any source
                     record.peer = record.src = result
                     record.seq = info.next_pair_seq(record.src, record.dst)
+            if record.device:
+                if work is _NO_WORK:
+                    work = result[0] if isinstance(result, list) and result else result
+                if work is None or isinstance(work, (list, int)):  # nothing to poll: as before
+                    self.complete(record, timing=schema.TIMING_POLLED)
+                else:
+                    self.completion.add(record, work)
+                return
             if not record.async_op:
                 self.complete(record)
                 return
@@ -252,13 +278,17 @@ class Recorder:
 
     def watch_tensor(self, record: OpRecord, result: Any) -> None:
         """Functional collectives complete when their tensor is waited on (funcol.wait_tensor)."""
+        record.call_end_ns = _now_ns()
         elem = getattr(result, "elem", result)
         self.funcol_pending[id(elem)] = record
 
     def tensor_waited(self, tensor: Any) -> None:
         record = self.funcol_pending.pop(id(tensor), None)
         if record is not None:
-            self.complete(record)
+            if record.device:  # NCCL: wait_tensor only makes the stream wait; see poll_pending
+                self.funcol_device.append(record)
+            else:
+                self.complete(record)
 
     def poll_pending(self) -> None:
         """Background thread: completions nobody reports directly.
@@ -271,6 +301,18 @@ class Recorder:
             if record.group.completed > record.seq:
                 self.funcol_pending.pop(key, None)
                 self.complete(record, timing=schema.TIMING_POLLED)
+        if self.funcol_device:
+            # functional collectives of NCCL-like groups run in C++ (no Work for us): done once a
+            # later op of the group completed on the device, or the Flight Recorder saw them finish
+            keep = []
+            for record in self.funcol_device:
+                if record.group.fr_completed >= record.seq:
+                    self.complete(record, timing=schema.TIMING_FLIGHT_RECORDER)
+                elif record.group.completed > record.seq:
+                    self.complete(record, timing=schema.TIMING_POLLED)
+                else:
+                    keep.append(record)
+            self.funcol_device = keep
         for _ in range(len(self.pending_works)):
             record, work = self.pending_works.popleft()
             try:

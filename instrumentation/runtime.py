@@ -24,6 +24,7 @@ from typing import Any
 
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.export import Shipper, exporter_from_env
+from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import Recorder
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
 from opentelemetry.sdk.resources import Resource
@@ -122,11 +123,13 @@ class Runtime:
         self._signal_after_final = 0  # a signal that arrived while a final flush was running
         self._native: Any = None
         self._native_next_try = 0.0
+        self._frontier: FrontierReader | None = None  # NCCL Flight Recorder, read only for device-async groups
         self._wakeup_r: int | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
         self._thread = threading.Thread(target=self._run, name="mycroft-runtime", daemon=True)
         self._thread.start()
+        recorder.completion.start()
         atexit.register(self._atexit)
 
     # ------------------------------------------------------------------ setup
@@ -224,6 +227,8 @@ class Runtime:
             os._exit(128 + caught[0])
 
     def _step(self) -> None:
+        if self.recorder.funcol_device or self.recorder.completion.workless_groups():
+            self._read_frontier()
         self.recorder.poll_pending()
         self._drain_ops()
         self._drain_native()
@@ -263,16 +268,46 @@ class Runtime:
         if spans:
             self.shipper.submit(spans)
 
+    def _read_frontier(self) -> None:
+        """The Flight Recorder's last completed seq per device-async group (and what it completes)."""
+        groups = [info for info in self.recorder.groups.all() if info.device_async]
+        if not groups:
+            return
+        if self._frontier is None:
+            self._frontier = FrontierReader()
+        status = self._frontier.read()
+        if not status:
+            return
+        tracker = self.recorder.completion
+        workless = tracker.workless_groups()
+        for info in groups:
+            completed = status.get(info.name)
+            if completed is None:
+                continue
+            info.fr_completed = completed
+            if info.gid in workless:
+                tracker.complete_through(info.gid, completed, schema.TIMING_FLIGHT_RECORDER)
+
+    def _waiting_elsewhere(self, inflight: list[Any], now: int) -> bool:
+        """A device-async op's call returned long ago and it is still in flight: the main thread
+        waits in a later sync point (.item(), cuda.synchronize()), whose stack the RCA wants."""
+        after = self.config.stack_after_s * 1e9
+        return any(record.device and record.call_end_ns and now - record.call_end_ns >= after
+                   for record in inflight)
+
     # ------------------------------------------------------------------ heartbeats
     def _heartbeat(self, now: int, final_reason: str = "") -> SpanRecord:
         recorder = self.recorder
+        if any(info.device_async for info in recorder.groups.all()):
+            self._read_frontier()  # cross-check: pg_status only, once per heartbeat
         inflight = recorder.snapshot_inflight()
         idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
         attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
-        if final_reason or (not inflight and idle_s >= self.config.stack_after_s):
+        if final_reason or (not inflight and idle_s >= self.config.stack_after_s) or \
+                self._waiting_elsewhere(inflight, now):
             stack = main_thread_stack(self.config.stack_depth)
             if stack:
                 attributes[schema.ATTR_HB_STACK] = stack
@@ -300,6 +335,8 @@ class Runtime:
                 return
             self._final_done = True
             self._stop.set()
+            with contextlib.suppress(Exception):  # what the device finished since the last poll
+                self.recorder.completion.poll()
             self._drain_ops()
             now = time.time_ns()
             leftovers = [op_span(record, self.job_id, self.rank, end_ns=now)
@@ -319,6 +356,7 @@ class Runtime:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.recorder.completion.stop()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=2.0)
         self.shipper.shutdown()

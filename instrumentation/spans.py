@@ -82,6 +82,8 @@ def op_span(record: OpRecord, job_id: str, rank: int, end_ns: int | None = None)
         attributes[schema.ATTR_ROOT] = record.root
     if record.error:
         attributes[schema.ATTR_ERROR] = record.error
+    if record.device and record.call_end_ns:  # the call returned at enqueue; the span ends at completion
+        attributes[schema.ATTR_CALL_S] = round(max(0, record.call_end_ns - record.start_ns) / 1e9, 6)
     failed = record.state in (schema.STATE_ERROR, schema.STATE_TIMEOUT)
     return SpanRecord(
         trace_id=trace_id,
@@ -104,7 +106,7 @@ def heartbeat_attributes(
     """Per-group frontier and in-flight ops as the contract's parallel arrays."""
     group_list = sorted(groups, key=lambda info: info.name)
     ops = sorted(inflight, key=lambda record: record.start_ns)
-    return {
+    out: dict[str, AttrValue] = {
         schema.ATTR_HB_GROUP_IDS: [info.gid for info in group_list],
         schema.ATTR_HB_GROUP_NAMES: [info.name for info in group_list],
         schema.ATTR_HB_GROUP_SIZES: [info.size for info in group_list],
@@ -120,6 +122,12 @@ def heartbeat_attributes(
         schema.ATTR_HB_INFLIGHT_DTYPES: [readable(record.dtype) for record in ops],
         schema.ATTR_HB_IDLE_S: round(idle_s, 4),
     }
+    if any(info.device_async for info in group_list):
+        # device-async backends: an op can be in flight after its call returned (enqueued),
+        # and the Flight Recorder's own frontier is there to cross-check ours
+        out[schema.ATTR_HB_INFLIGHT_RETURNED] = [record.call_end_ns > 0 for record in ops]
+        out[schema.ATTR_HB_GROUP_FR_COMPLETED] = [info.fr_completed for info in group_list]
+    return out
 
 
 def heartbeat_span(

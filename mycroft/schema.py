@@ -113,6 +113,10 @@ STATE_IN_FLIGHT: Final = "in_flight"  # only on spans flushed at shutdown / sign
 
 TIMING_EXACT: Final = "exact"  # start/end taken on the issuing thread / completion callback
 TIMING_POLLED: Final = "polled"  # end observed by a poller; accurate to the poll interval
+# added for device-async backends (NCCL: the call returns at enqueue; docs/instrumentation.md)
+TIMING_DEVICE_POLLED: Final = "device_polled"  # end: Work.is_completed() seen by the completion poller
+TIMING_FLIGHT_RECORDER: Final = "flight_recorder"  # end: the Flight Recorder's last completed seq (watchdog, ~100 ms)
+ATTR_CALL_S: Final = "mycroft.call_s"  # seconds the issuing call took on the host (NCCL: enqueue, not completion)
 
 # --------------------------------------------------------------------------------------
 # Heartbeat span (per rank, every MYCROFT_HEARTBEAT_INTERVAL seconds)
@@ -145,6 +149,8 @@ ATTR_HB_INFLIGHT_AGES_S: Final = "mycroft.hb.inflight.ages_s"
 ATTR_HB_INFLIGHT_PEERS: Final = "mycroft.hb.inflight.peers"  # -1 for collectives
 ATTR_HB_INFLIGHT_BYTES: Final = "mycroft.hb.inflight.bytes"
 ATTR_HB_INFLIGHT_DTYPES: Final = "mycroft.hb.inflight.dtypes"  # element type per in-flight op ("" unknown)
+ATTR_HB_INFLIGHT_RETURNED: Final = "mycroft.hb.inflight.returned"  # bool per in-flight op: its call returned (enqueued)
+ATTR_HB_GROUP_FR_COMPLETED: Final = "mycroft.hb.group.fr_completed"  # per group: FR's last completed seq, -1 unknown
 
 # Native per-flow counters of in-flight NCCL ops (parallel arrays)
 ATTR_HB_FLOW_COMMS: Final = "mycroft.hb.flow.comms"  # NCCL commHash, hex

@@ -19,12 +19,8 @@ from typing import Any
 import pytest
 
 from mycroft import schema
+from mycroft.faults.inject import local_rca
 from tests.conftest import SpanSink, instrumented_env, run_torchrun, torchrun_command
-
-try:  # the harness moves into mycroft/faults; take local_rca from wherever it lives
-    from mycroft.faults.inject import local_rca  # type: ignore[import-not-found]
-except ImportError:
-    from mycroft.rca_service.inject import local_rca
 
 JOB = Path(__file__).parent / "jobs" / "nccl_like_job.py"
 pytestmark = pytest.mark.slow

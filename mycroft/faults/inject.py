@@ -328,13 +328,16 @@ def _watch_healthy(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], w
         code = None
     time.sleep(max(3.0, 4 * heartbeat))  # long enough for a lost-heartbeat verdict to fire
     incidents = rca.incidents(result.job)
-    fired = sum(1 for _, body in (rca.alerts() or []) if body.get("status") == "firing"
-                and alert_job(body) == result.job)
+    mine = [(t, body) for t, body in (rca.alerts() or []) if alert_job(body) == result.job]
+    fired = sum(1 for _, body in mine if body.get("status") == "firing")
     verdict = judge_healthy(code, incidents, fired, slow_rank)
     result.correct = verdict.correct
     result.false_alarms = verdict.criticals + fired
     result.extra.update(exit=code, incidents=verdict.by_severity, alerts=fired, slow_rank_named=verdict.slow_rank_named,
-                        incident_list=[i if i.get("severity") == "critical" else _brief(i) for i in incidents])
+                        incident_list=incidents if not verdict.correct else [_brief(i) for i in incidents])
+    if mine:  # what paged, as it stood when it paged (the incident may have changed since)
+        result.extra["alert_bodies"] = [{"arrived_unix": t, "status": body.get("status"),
+                                         "incident": (body.get("mycroft") or {}).get("incident")} for t, body in mine]
     seen = ", ".join(f"{n} {s}" for s, n in sorted(verdict.by_severity.items())) or "no incidents"
     result.note = f"exit {code}; {seen}; {fired} alert(s)"
     if slow_rank is not None:
@@ -433,8 +436,9 @@ _pct = percentile  # the benchmarks' old name
 
 
 def row_name(r: RunResult) -> str:
-    """Matrix row: the fault, with `@time` / `@first` for process faults injected at a time."""
-    return r.fault if r.trigger == "step" else f"{r.fault}@{r.trigger}"
+    """Matrix row: the fault, with `@time` for one injected at a time (after init, or right after
+    the first collective) rather than at a step."""
+    return r.fault if r.trigger == "step" else f"{r.fault}@time"
 
 
 def table(results: list[RunResult]) -> str:
@@ -456,7 +460,7 @@ def table(results: list[RunResult]) -> str:
 
 
 def describe(r: RunResult) -> str:
-    where = f"{r.layout} rank {r.rank}"
+    where = f"{r.layout} rank {r.rank if r.fault not in HEALTHY or r.fault == 'slow_rank' else '-'}"
     when = {"step": f"step {r.step}", "first": "after 1st op",
             "time": f"t+{r.at_s:.2f}s" if r.at_s is not None else "time"}[r.trigger]
     pos = r.extra.get("position")

@@ -1,17 +1,28 @@
 """Alert payloads (pure) and their delivery (the outbox worker).
 
 Webhooks get Alertmanager's webhook format (version "4"), firing and resolved,
-signed with HMAC-SHA256 when a secret is set (header X-Mycroft-Signature:
-sha256=<hex of HMAC(secret, body)>). A real Alertmanager gets /api/v2/alerts pushes.
-Failed deliveries stay in the persistent outbox and are retried with exponential backoff.
+signed with HMAC-SHA256 when a secret is set:
+
+    X-Mycroft-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>
+
+signed afresh at every delivery attempt; a receiver recomputes the HMAC over the raw
+body and refuses a timestamp outside its replay window (verify(): 300 s), so a captured
+request cannot be replayed later (docs/security.md). Text that came from spans (job
+names, stacks, error messages) is stripped of control characters, capped, and
+HTML-escaped in the annotations meant for humans; bodies are JSON with <, > and &
+written as unicode escapes, so no receiver embeds sender markup by accident.
+A real Alertmanager gets /api/v2/alerts pushes. Failed deliveries stay in the
+persistent outbox and are retried with exponential backoff.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import html
 import json
 import logging
+import re
 import threading
 import time
 import urllib.error
@@ -29,6 +40,27 @@ SIGNATURE_HEADER = "X-Mycroft-Signature"
 WEBHOOK = "webhook"
 ALERTMANAGER = "alertmanager"
 FIRING_ENDS_AFTER_S = 900.0  # Alertmanager drops a firing alert not re-pushed by then
+REPLAY_WINDOW_S = 300.0  # what verify() accepts between signing and checking
+MAX_FIRING_ALERTS = 512  # distinct firing incidents paged at once; beyond it new ones are counted, not sent
+MAX_LABEL_CHARS = 256
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # free text keeps newlines and tabs
+_LABEL_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def safe_label(text: object, limit: int = MAX_LABEL_CHARS) -> str:
+    """A label value from sender-controlled text: no control characters, capped."""
+    return _LABEL_CONTROL.sub("", str(text))[:limit]
+
+
+def safe_text(text: object, limit: int) -> str:
+    """Free text for humans (summary, description): no control characters, capped, HTML-escaped."""
+    return html.escape(_CONTROL.sub("", str(text))[:limit], quote=False)
+
+
+def encode_body(payload: Any) -> bytes:
+    """JSON with <, > and & as unicode escapes (as Go's encoder writes them): same values, no raw markup."""
+    text = json.dumps(payload, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
 def should_alert(action: str, incident: Incident, min_severity: str) -> bool:
@@ -48,11 +80,11 @@ def alert_labels(incident: Incident) -> dict[str, str]:
     ranks = [str(c.get("rank")) for c in causes if c.get("rank") is not None]
     return {
         "alertname": "Mycroft" + incident.kind.title().replace("_", ""),
-        "mycroft_job": incident.job,
+        "mycroft_job": safe_label(incident.job),
         "kind": incident.kind,
         "severity": incident.severity,
         "incident_id": incident.id,
-        "root_cause_kind": str(causes[0].get("kind")) if causes else "unknown",
+        "root_cause_kind": safe_label(causes[0].get("kind")) if causes else "unknown",
         "root_cause_ranks": ",".join(ranks[:16]) or "none",
     }
 
@@ -60,8 +92,8 @@ def alert_labels(incident: Incident) -> dict[str, str]:
 def alert_annotations(incident: Incident, external_url: str) -> dict[str, str]:
     causes = incident.root_causes
     return {
-        "summary": incident.summary[:1000],
-        "description": "\n".join(str(c.get("evidence", {}).get("text", "")) for c in causes[:8])[:4000],
+        "summary": safe_text(incident.summary, 1000),
+        "description": safe_text("\n".join(str(c.get("evidence", {}).get("text", "")) for c in causes[:8]), 4000),
         "incident_url": f"{external_url.rstrip('/')}/api/v1/incidents/{incident.id}" if external_url else "",
     }
 
@@ -81,10 +113,10 @@ def webhook_payload(incident: Incident, external_url: str = "", receiver: str = 
     """Alertmanager webhook body (version 4) for one incident."""
     labels = alert_labels(incident)
     annotations = alert_annotations(incident, external_url)
-    group_labels = {"mycroft_job": incident.job, "kind": incident.kind}
+    group_labels = {"mycroft_job": labels["mycroft_job"], "kind": incident.kind}
     return {
         "version": "4",
-        "groupKey": f'{{}}:{{kind="{incident.kind}", mycroft_job="{incident.job}"}}',
+        "groupKey": json.dumps(f'{{}}:{{kind="{incident.kind}", mycroft_job="{labels["mycroft_job"]}"}}')[1:-1],
         "truncatedAlerts": 0,
         "status": incident.status,
         "receiver": receiver,
@@ -119,12 +151,24 @@ def alertmanager_alerts(incident: Incident, external_url: str, now: float) -> li
     }]
 
 
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
+    """The X-Mycroft-Signature value: "t=<unix s>,v1=<hex HMAC-SHA256(secret, b"<t>." + body)>"."""
+    t = int(time.time()) if timestamp is None else int(timestamp)
+    digest = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={digest}"
 
 
-def verify(secret: str, body: bytes, header: str) -> bool:
-    return hmac.compare_digest(sign(secret, body), header)
+def verify(secret: str, body: bytes, header: str, now: float | None = None,
+           window_s: float = REPLAY_WINDOW_S) -> bool:
+    """What a receiver does: the HMAC matches the raw body and the timestamp is within the window."""
+    fields = dict(part.strip().partition("=")[::2] for part in header.split(","))
+    t_text, given = fields.get("t", ""), fields.get("v1", "")
+    if not t_text.isdigit() or not given:
+        return False
+    now = time.time() if now is None else now
+    if abs(now - int(t_text)) > window_s:
+        return False
+    return hmac.compare_digest(sign(secret, body, int(t_text)).partition(",v1=")[2], given)
 
 
 def backoff_s(attempts: int, base: float = 0.5, cap: float = 60.0) -> float:
@@ -163,20 +207,36 @@ class Alerter:
         self.sent = 0
         self.failed = 0
         self.given_up = 0
+        self.max_firing = MAX_FIRING_ALERTS
+        self._firing: set[str] = set()  # incidents paged as firing and not resolved since
+        self.suppressed = 0  # firing incidents not paged because max_firing were already firing
 
     @property
     def enabled(self) -> bool:
         return bool(self.webhooks or self.alertmanager)
 
-    def notify(self, incident: Incident, now: float | None = None) -> None:
-        """Queue the incident's current state for every configured receiver."""
+    def notify(self, incident: Incident, now: float | None = None) -> bool:
+        """Queue the incident's current state for every configured receiver.
+
+        At most `max_firing` distinct incidents are paged as firing at once (a flood of
+        hung jobs must not become a flood of pages); past it a new one is counted in
+        `suppressed` and False returned. Updates and resolutions of paged ones always go.
+        """
         now = time.time() if now is None else now
+        if incident.status == RESOLVED:
+            self._firing.discard(incident.id)
+        elif incident.id not in self._firing:
+            if len(self._firing) >= self.max_firing:
+                self.suppressed += 1
+                return False
+            self._firing.add(incident.id)
         for url in self.webhooks:
             self.store.enqueue(f"{WEBHOOK} {url}", webhook_payload(incident, self.external_url), now)
         if self.alertmanager:
             self.store.enqueue(f"{ALERTMANAGER} {self.alertmanager}/api/v2/alerts",
                                {"alerts": alertmanager_alerts(incident, self.external_url, now)}, now)
         self._wake.set()
+        return True
 
     def refresh(self, incidents: list[Incident], now: float) -> None:
         """Re-push firing incidents to Alertmanager so they do not time out there."""
@@ -193,13 +253,10 @@ class Alerter:
         delivered = 0
         for item in self.store.due(now):
             kind, _, url = item.target.partition(" ")
-            if kind == ALERTMANAGER:
-                body = json.dumps(item.payload["alerts"]).encode()
-            else:
-                body = json.dumps(item.payload).encode()
+            body = encode_body(item.payload["alerts"] if kind == ALERTMANAGER else item.payload)
             headers = {"Content-Type": "application/json", "User-Agent": "mycroft-rca"}
             if kind == WEBHOOK and self.secret:
-                headers[SIGNATURE_HEADER] = sign(self.secret, body)
+                headers[SIGNATURE_HEADER] = sign(self.secret, body, int(time.time()))
             try:
                 code = self._post(url, body, headers, self.timeout_s)
                 error = "" if 200 <= code < 300 else f"HTTP {code}"

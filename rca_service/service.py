@@ -187,6 +187,7 @@ class RcaService:
         self.metrics.set("mycroft_rca_alert_outbox", self.store.outbox_size())
         self.metrics.set("mycroft_rca_alerts_sent", self.alerter.sent)
         self.metrics.set("mycroft_rca_alerts_failed_attempts", self.alerter.failed)
+        self.metrics.set("mycroft_rca_alerts_suppressed", self.alerter.suppressed)
         return self.metrics.render(time.time())
 
     def _describe_metrics(self) -> None:

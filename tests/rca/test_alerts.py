@@ -49,11 +49,18 @@ def test_webhook_payload_is_alertmanager_v4() -> None:
     assert "rank 5 sleeps" in alert["annotations"]["description"]
 
 
-def test_signature_round_trip() -> None:
+def test_signature_round_trip_and_replay_window() -> None:
     body = b'{"a": 1}'
     assert verify("k", body, sign("k", body))
     assert not verify("k", body + b" ", sign("k", body))
     assert not verify("other", body, sign("k", body))
+    old = sign("k", body, timestamp=int(time.time()) - 301)
+    assert not verify("k", body, old)  # a captured request replayed 5 minutes later is refused
+    assert verify("k", body, old, window_s=600)
+    t = int(time.time())
+    forged = sign("k", body, t).replace(f"t={t}", f"t={t + 1}")  # a fresh timestamp on an old HMAC
+    assert not verify("k", body, forged)
+    assert not verify("k", body, "sha256=" + "0" * 64) and not verify("k", body, "t=x,v1=y")
 
 
 def test_outbox_retries_with_backoff_and_survives_restart(tmp_path: Path) -> None:
@@ -80,7 +87,7 @@ def test_outbox_retries_with_backoff_and_survives_restart(tmp_path: Path) -> Non
     assert alerter.deliver_due(now=100.0 + backoff_s(0) + 0.01) == 0  # second failure
     assert alerter.deliver_due(now=100.0 + backoff_s(0) + backoff_s(1) + 0.02) == 1
     assert store.outbox_size() == 0
-    assert len(calls) == 3 and calls[-1][1]["X-Mycroft-Signature"].startswith("sha256=")
+    assert len(calls) == 3 and calls[-1][1]["X-Mycroft-Signature"].startswith("t=")  # signed per attempt
     store.close()
 
 

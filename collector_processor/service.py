@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles
@@ -301,4 +302,4 @@ class ProcessorService:
     def _metrics(self, request: Request) -> Response:
         if request.path.rstrip("/") == "/healthz":
             return Response(200, b'{"status": "ok"}')
-        return Response(200, self.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        return Response(200, self.metrics_text().encode(), CONTENT_TYPE_PLAIN_0_0_4)

@@ -8,8 +8,12 @@ as Prometheus text by the service and logged by the rotel adapter.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Final
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # name -> help; the order is the order of the Prometheus output
 COUNTERS: Final[dict[str, str]] = {
@@ -70,12 +74,20 @@ class Counters:
 
 def prometheus_text(values: Mapping[str, int], gauges: Mapping[str, float] | None = None,
                     prefix: str = "mycroft_processor_") -> str:
-    """Prometheus exposition text for a counters snapshot plus optional gauges."""
-    lines: list[str] = []
-    for name, value in values.items():
-        metric = f"{prefix}{name}_total"
-        lines += [f"# HELP {metric} {COUNTERS.get(name, name)}", f"# TYPE {metric} counter", f"{metric} {value}"]
-    for name, gauge in (gauges or {}).items():
-        metric = f"{prefix}{name}"
-        lines += [f"# TYPE {metric} gauge", f"{metric} {gauge:g}"]
-    return "\n".join(lines) + "\n"
+    """Prometheus exposition text for a counters snapshot plus optional gauges (prometheus_client)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(values, gauges or {}, prefix))
+    return generate_latest(registry).decode()
+
+
+class _Snapshot(Collector):
+    """One scrape's worth of counters and gauges, handed to the client library as metric families."""
+
+    def __init__(self, values: Mapping[str, int], gauges: Mapping[str, float], prefix: str) -> None:
+        self._values, self._gauges, self._prefix = values, gauges, prefix
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in self._values.items():
+            yield CounterMetricFamily(f"{self._prefix}{name}", COUNTERS.get(name, name), value=value)
+        for name, gauge in self._gauges.items():
+            yield GaugeMetricFamily(f"{self._prefix}{name}", name.replace("_", " "), value=gauge)

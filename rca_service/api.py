@@ -16,13 +16,13 @@ from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles
 from mycroft.otlp_server import split_host_port
 
+from .metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from .openapi import OPENAPI
 
 log = logging.getLogger("mycroft.rca.api")
 
 API_LIMITS = HttpLimits(max_body_bytes=64 * 1024, max_decoded_bytes=64 * 1024, workers=4)
 MAX_LIMIT = 10_000
-PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class Backend(Protocol):

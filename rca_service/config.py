@@ -57,6 +57,9 @@ class AnalysisConfig:
     learned_pause_factor: float = 3.0
     learned_pause_min_s: float = 10.0
     learned_pause_max_s: float = 600.0
+    # a holder that falls silent while its last stack was in an expected phase (a checkpoint holding the
+    # GIL starves the heartbeat thread): a warning until silent this long, then critical
+    paused_silence_grace_s: float = 10.0
     # a not-entered holder without a stack yet: the hang stays a warning until its stack arrives,
     # or until it has been idle this long plus one heartbeat interval (no stack is coming)
     stack_wait_s: float = 1.0

@@ -80,11 +80,12 @@ def work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow 
         return None
     recent = samples[-(beats + 1):]
     r = _share(recent)
-    if r is None:
-        return None
+    intervals = _intervals(recent)
+    if r is None or len(intervals) < cfg.straggle_persistence * beats:
+        return None  # the window holds a pause (checkpoint, evaluation, a hang): not a verdict on speed
     base = samples[-(beats + cfg.slow_base_beats + 1):-beats]
     b = _share(base) if len(base) >= cfg.slow_base_min_beats + 1 else None
-    return WorkWindow(rank.rank, b[0] if b else math.nan, r[0], _intervals(recent), b[1] if b else math.nan,
+    return WorkWindow(rank.rank, b[0] if b else math.nan, r[0], intervals, b[1] if b else math.nan,
                       r[1], (recent[0][0], recent[-1][0]))
 
 

@@ -155,6 +155,26 @@ def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisC
     return ALIVE
 
 
+def _youngest_issue_age(job: JobState, node: wfg.Node, members: list[int], now: float) -> float:
+    """How long ago the last member issued the op (0.0 when some member's issue age is not known)."""
+    youngest = float("inf")
+    for m in members:
+        rank = job.ranks.get(m)
+        if rank is None:
+            continue
+        if node[0] == "c":
+            ages = [op.age_at(now) for op in rank.inflight if op.group_id == node[1] and op.seq == node[2]]
+        else:
+            ages = [op.age_at(now) for op in rank.inflight if op.is_p2p and op.seq == node[4]
+                    and {m, op.peer} == {node[2], node[3]}]
+        if not ages:
+            if rank.completed.get(node[1], 0) >= node[-1] and node[0] == "c":
+                continue  # it already completed its part
+            return 0.0
+        youngest = min(youngest, max(ages))
+    return 0.0 if youngest == float("inf") else youngest
+
+
 def _op_members(job: JobState, node: wfg.Node) -> list[int]:
     if node[0] == "c":
         group = job.groups.get(node[1])
@@ -202,6 +222,8 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
             if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg, fresh_after) is None
                    for m in members):
                 return None  # a member just went quiet: it may be dead rather than the link; wait
+            if _youngest_issue_age(job, node, members, now) < threshold:
+                return None  # the last member only just issued it: its completion is on the way; wait
             rc = _data_sink_cause(job, node)
         rc.evidence["wait_chain"] = chain
         rc.evidence["longest_wait_chain"] = " -> ".join(wfg.describe(n, job) for n in sink.longest)
@@ -230,6 +252,18 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
 def _hang_severity(job: JobState, causes: list[RootCause], now: float,
                    cfg: AnalysisConfig) -> tuple[str, str, dict[str, Any] | None]:
     """Critical unless every holder is alive elsewhere in a normal pause, or its stack is still on the way."""
+    quiet = [rc for rc in causes if rc.kind == RC_PROCESS_LOST and rc.rank in job.ranks]
+    for rc in quiet:  # went silent inside an expected phase: a checkpoint can starve the heartbeat thread
+        assert rc.rank is not None
+        rank = job.ranks[rc.rank]
+        phase = pauses_mod.match_phase(rank.stack, cfg.phases) if rank.stack else None
+        silent = now - spoke_at(job, rank)
+        if phase is None or silent >= cfg.paused_silence_grace_s:
+            break
+    else:
+        if quiet and len(quiet) == len(causes):
+            return WARNING, (f"rank(s) {[rc.rank for rc in quiet]} went quiet inside an expected phase (its heartbeat "
+                             f"thread may be starved); critical after {cfg.paused_silence_grace_s:g}s of silence"), None
     if any(rc.kind != RC_NOT_ENTERED or rc.rank is None or rc.rank not in job.ranks for rc in causes):
         return CRITICAL, "ranks are lost, gone or the data does not move", None
     pending: list[int] = []

@@ -141,9 +141,18 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"{len(records)} spans, jobs: {', '.join(sorted(result.engine.jobs)) or '-'}")
         if not incidents:
             print("no incidents: the recorded jobs look healthy")
+        first = next((i for i in incidents if not i.get("consequence_of") and i["severity"] != "info"), None)
+        if first is not None and first["root_causes"]:
+            top = first["root_causes"][0]
+            who = "link" if top["rank"] is None else f"rank {top['rank']}"
+            print(f"first root cause: {who} ({top['kind']}) in the {first['kind']} detected {first['detected_at']}")
         for inc in incidents:
-            print(f"\n[{inc['status']}] {inc['kind']} in job {inc['job']} detected {inc['detected_at']}")
+            also = f", a consequence of {inc['consequence_of']}" if inc.get("consequence_of") else ""
+            print(f"\n[{inc['status']}] {inc['kind']} ({inc['severity']}{also}) in job {inc['job']} "
+                  f"detected {inc['detected_at']}")
             print(f"  {inc['summary']}")
+            for later in inc.get("consequences", [])[:8]:
+                print(f"  then (consequence) at {later['at']}: rank {later['rank']} {later['kind']}")
             for rc in inc["root_causes"]:
                 rank = "link" if rc["rank"] is None else f"rank {rc['rank']}"
                 print(f"  - {rank}: {rc['kind']}: {rc['evidence'].get('text', '')}")

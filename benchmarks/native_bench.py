@@ -1,10 +1,16 @@
 """Benchmark of the native NCCL profiler plugin (no GPU: driven through its exported ABI).
 
-    .venv/bin/python benchmarks/native_bench.py [--seconds 3] [--out result.json]
+    .venv/bin/python benchmarks/native_bench.py [--seconds 3] [--out result.json] [--baseline-rev REV]
 
 Reports
 - the median cost of a start/record/stop triple through the ncclProfiler_v6 table, for
   ProxyStep (the event NCCL issues per step per flow: the hot one), ProxyOp and Coll;
+  with valgrind installed, the same triples in instructions (callgrind over the table's
+  start/record/stop functions: deterministic, unlike wall time on a shared machine);
+- the hot-path clock (raw counter ticks, converted by the publisher) against
+  CLOCK_MONOTONIC over 2 s: largest difference, recalibrations, never backwards;
+- with --baseline-rev (e.g. the commit before a hot-path change), the same figures for
+  the plugin built from that revision, measured in the same run, and the ratios;
 - events/s a single NCCL-like thread issues while the ring is drained, with a C reader
   and with the Python NativeReader, plus what was dropped (ring full / pool full);
 - bytes recorded per collective (an 8-channel ring all-reduce: 1 coll + 16 flows + 8 kernel
@@ -17,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,10 +44,51 @@ def _json_line(text: str) -> dict[str, Any]:
     return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
 
 
-def hot_path(env: dict[str, str]) -> dict[str, Any]:
-    runs = [_json_line(subprocess.run([str(DRIVER), "bench", str(library_path())], env=env, check=True,
+def hot_path(env: dict[str, str], lib: Path | None = None) -> dict[str, Any]:
+    lib = lib or library_path()
+    runs = [_json_line(subprocess.run([str(DRIVER), "bench", str(lib)], env=env, check=True,
                                       capture_output=True, text=True).stdout) for _ in range(3)]
     return {key: sorted(run[key] for run in runs)[1] for key in runs[0]}  # median of 3 medians
+
+
+def callgrind_instructions(env: dict[str, str], lib: Path | None = None, n: int = 20000) -> dict[str, Any] | None:
+    """Instructions per ProxyStep, ProxyOp and Coll start/record/stop triple (None without valgrind)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    lib = lib or library_path()
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("step", "op", "coll"):
+            proc = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
+                                   "--collect-atstart=no", "--toggle-collect=start_v5", "--toggle-collect=core_stop",
+                                   "--toggle-collect=record_any", str(DRIVER), "calls", str(lib), str(n), kind],
+                                  env=env, capture_output=True, text=True, check=True)
+            collected = re.search(r"Collected : ([0-9]+)", proc.stderr)
+            assert collected, proc.stderr[-2000:]
+            out[{"step": "proxy_step_triple", "op": "proxy_op_triple", "coll": "coll_triple"}[kind]] = \
+                round(int(collected.group(1)) / n, 1)
+    return out
+
+
+def clock_check(env: dict[str, str], seconds: float = 2.0) -> dict[str, Any]:
+    out = subprocess.run([str(DRIVER), "clock", str(library_path()), str(seconds)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return _json_line(out)
+
+
+def build_revision(rev: str, into: Path) -> Path:
+    """The plugin as it was at git revision `rev`, built with the Makefile's flags."""
+    src = into / "src"
+    src.mkdir(parents=True)
+    for name in ("plugin.c", "mycroft_ring.h", "nccl_profiler_abi.h"):
+        text = subprocess.run(["git", "-C", str(PACKAGE_DIR), "show", f"{rev}:native/src/{name}"], check=True,
+                              capture_output=True, text=True).stdout
+        (src / name).write_text(text)
+    lib = into / "libmycroft_nccl_profiler.so"
+    subprocess.run(["cc", "-std=c11", "-g", "-Wall", "-fPIC", "-fvisibility=hidden", "-O2", "-shared", "-o", str(lib),
+                    str(src / "plugin.c"), "-pthread"], check=True)
+    return lib
 
 
 def flood_c_reader(seconds: float, env: dict[str, str]) -> dict[str, Any]:
@@ -92,20 +141,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--baseline-rev", default=None,
+                        help="git revision whose plugin is measured beside this one (e.g. the commit before a change)")
     args = parser.parse_args(argv)
     subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), "all", "driver"], check=True)
     with tempfile.TemporaryDirectory() as ring_dir:
         env = {**os.environ, "MYCROFT_NATIVE_RING_DIR": ring_dir}
         big = {**env, "MYCROFT_NATIVE_POOL_COLLS": "65536", "MYCROFT_NATIVE_POOL_FLOWS": "262144",
                "MYCROFT_NATIVE_POOL_KCHS": "131072", "MYCROFT_NATIVE_RING_RECORDS": "1048576"}
-        result = {
+        result: dict[str, Any] = {
             "hot_path_median_ns": hot_path(env),
+            "hot_path_instructions": callgrind_instructions(env),
+            "clock": clock_check(env),
             "flood_c_reader_default_pools": flood_c_reader(args.seconds, env),
             "flood_c_reader_big_pools": flood_c_reader(args.seconds, big),
             "flood_python_reader_default_pools": flood_python_reader(args.seconds, env),
             "bytes_per_collective_8ch_ring_allreduce_completion_only": (1 + 16 + 8) * RECORD_SIZE,
             "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         }
+        if args.baseline_rev:
+            with tempfile.TemporaryDirectory() as tmp:
+                lib = build_revision(args.baseline_rev, Path(tmp))
+                base = {"rev": args.baseline_rev, "hot_path_median_ns": hot_path(env, lib),
+                        "hot_path_instructions": callgrind_instructions(env, lib)}
+                now = hot_path(env)  # again, right after the baseline: the ratio is taken in one stretch
+            base["ratio_ns_now_over_baseline"] = {key: round(now[key] / base["hot_path_median_ns"][key], 2)
+                                                  for key in now}
+            result["baseline"] = base
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -6,8 +6,9 @@
  * - NCCL calls startEvent / stopEvent / recordEventState from its user and proxy
  *   threads on the critical path of every collective. Those calls only touch
  *   per-communicator preallocated pools with C11 atomics: no locks, no allocation,
- *   no syscalls (the only clock read is vDSO clock_gettime on Coll / ProxyOp /
- *   KernelCh boundaries; ProxyStep calls read no clock at all).
+ *   no syscalls (the only clock read is a raw counter read - rdtsc - on Coll /
+ *   ProxyOp / KernelCh boundaries, converted to ns by the publisher; ProxyStep calls
+ *   read no clock at all).
  * - Each flow (ProxyOp) keeps Mycroft's cumulative counters: posted, GPU-ready,
  *   transmitted, done, bumped from the ProxyStep states. A step handle is a slot in
  *   its flow's own step array (step % 16; NCCL keeps at most 8 steps in flight), so
@@ -60,11 +61,11 @@ typedef struct mc_parent { /* a Coll or P2p event */
   int32_t root_or_peer;
   uint8_t nchannels, nwarps;
   char func[14], algo[14], dtype[14], proto[6];
-  uint64_t start_ns;
-  _Atomic uint64_t stop_ns;
+  uint64_t start_t; /* hot-path timestamps are clock ticks (mc_ticks); the publisher converts */
+  _Atomic uint64_t stop_t;
   _Atomic uint64_t children; /* low 32 bits: open children, high 32: children seen (one RMW each way) */
-  _Atomic uint64_t last_activity_ns;
-  _Atomic uint64_t end_ns; /* max over children stops */
+  _Atomic uint64_t last_activity_t;
+  _Atomic uint64_t end_t; /* max over children stops */
   /* publisher-private */
   uint64_t last_snapshot_ns;
 } mc_parent_t;
@@ -90,8 +91,8 @@ typedef struct mc_flow { /* a ProxyOp */
   int32_t pid;
   uint32_t uid;
   uint32_t gen; /* bumped on every reuse of the slot (by its claimer) */
-  uint64_t start_ns;
-  uint64_t stop_ns; /* written before STOPPED (release) */
+  uint64_t start_t; /* ticks */
+  uint64_t stop_t;  /* ticks, written before STOPPED (release) */
   _Atomic uint32_t posted, gpu_ready, transmitted, done;
   _Atomic uint64_t bytes;
   _Atomic uint32_t last_state, cur_step;
@@ -111,7 +112,7 @@ typedef struct mc_kch { /* a KernelCh */
   uint16_t flags;
   int32_t rank, channel;
   uint32_t uid, gen;
-  uint64_t start_ns, stop_ns;
+  uint64_t start_t, stop_t; /* ticks */
   uint64_t gpu_start;
   _Atomic uint64_t gpu_stop;
 } mc_kch_t;
@@ -161,6 +162,153 @@ static uint64_t real_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* the hot-path clock                                                                     */
+/* ------------------------------------------------------------------------------------ */
+/* Hot-path timestamps are raw counter ticks: the TSC on x86-64, the virtual counter on
+ * aarch64, read in a few ns (clock_gettime through the vDSO costs ~25-40 ns: a fenced
+ * counter read, a seqlock and the conversion). They are used only where the kernel itself
+ * trusts the counter (current clocksource "tsc" / "arch_sys_counter": invariant and in sync
+ * across CPUs); otherwise, or with MYCROFT_NATIVE_CLOCK=monotonic, ticks are
+ * CLOCK_MONOTONIC ns. Only the publisher converts ticks to ns, under g.lock, with a
+ * piecewise-linear map it extends as it goes: each recalibration starts a new segment at
+ * the previous segment's value (continuous, monotonic) with a slope that also slews out the
+ * drift seen so far. A tick is converted by the segment it falls in, so the same tick gives
+ * the same ns in every publish cycle (a flow and its collective published in different
+ * cycles stay consistent). Recalibration: 10 ms, 100 ms, 1 s after start, then every second. */
+typedef struct {
+  uint64_t t0;   /* first tick of the segment */
+  uint64_t ns0;  /* CLOCK_MONOTONIC ns at t0 */
+  uint64_t mult; /* ns per tick, 32.32 fixed point */
+} mc_seg_t;
+
+#define MC_SEGS 128u /* segments kept (about 2 minutes at one per second); older ticks use the oldest */
+
+static struct {
+  int counter;   /* 1: ticks are counter reads; 0: ticks are CLOCK_MONOTONIC ns */
+  uint32_t nseg; /* segments made so far (the ring holds the last MC_SEGS) */
+  mc_seg_t seg[MC_SEGS];
+  uint64_t cal_t, cal_ns;  /* the last calibration pair */
+  uint64_t next_cal_ns;    /* when to recalibrate */
+  uint64_t cal_interval_ns;
+  uint32_t recalibrations;
+} clk;
+
+static inline uint64_t counter_read(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  uint32_t lo, hi;
+  __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+  return ((uint64_t)hi << 32) | lo;
+#elif defined(__aarch64__)
+  uint64_t v;
+  __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+  return v;
+#else
+  return 0;
+#endif
+}
+
+static inline uint64_t mc_ticks(void) {
+  if (MC_LIKELY(clk.counter)) return counter_read();
+  return mono_ns();
+}
+
+/* A (tick, ns) pair read back to back: the tick is the midpoint of two counter reads around
+ * the clock read, best of a few tries (a preemption between the reads would skew the pair). */
+static void clock_pair(uint64_t* t, uint64_t* ns) {
+  uint64_t best = UINT64_MAX;
+  for (int i = 0; i < 8; i++) {
+    uint64_t a = counter_read();
+    uint64_t n = mono_ns();
+    uint64_t b = counter_read();
+    if (b >= a && b - a < best) {
+      best = b - a;
+      *t = a + (b - a) / 2;
+      *ns = n;
+    }
+  }
+}
+
+static int kernel_trusts_counter(void) {
+#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+  char cs[64] = {0};
+  FILE* f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+  if (!f) return 0;
+  int ok = fgets(cs, sizeof cs, f) != NULL;
+  fclose(f);
+  if (!ok) return 0;
+  return !strncmp(cs, "tsc", 3) || !strncmp(cs, "arch_sys_counter", 16);
+#else
+  return 0;
+#endif
+}
+
+static uint64_t seg_convert(const mc_seg_t* sg, uint64_t t) {
+  int64_t dt = (int64_t)(t - sg->t0);
+  __int128 d = ((__int128)dt * (__int128)sg->mult) >> 32;
+  return (uint64_t)((__int128)sg->ns0 + d);
+}
+
+/* ticks -> CLOCK_MONOTONIC ns (publisher only, under g.lock); 0 stays 0 */
+static uint64_t ticks_to_ns(uint64_t t) {
+  if (!t) return 0;
+  if (!clk.counter) return t;
+  uint32_t n = clk.nseg < MC_SEGS ? clk.nseg : MC_SEGS;
+  for (uint32_t i = 0; i < n; i++) { /* newest first: nearly every tick is recent */
+    const mc_seg_t* sg = &clk.seg[(clk.nseg - 1 - i) % MC_SEGS];
+    if (t >= sg->t0 || i == n - 1) return seg_convert(sg, t);
+  }
+  return t;
+}
+
+static void clock_init(void) {
+  const char* want = getenv("MYCROFT_NATIVE_CLOCK");
+  clk.counter = (!want || strcmp(want, "monotonic")) && kernel_trusts_counter();
+  if (!clk.counter) return;
+  uint64_t t0, n0, t1, n1;
+  clock_pair(&t0, &n0);
+  do { /* a provisional rate from a 2 ms spin (NCCL's communicator init takes far longer) */
+    clock_pair(&t1, &n1);
+  } while (n1 - n0 < 2000000ull);
+  if (t1 <= t0) {
+    clk.counter = 0;
+    return;
+  }
+  uint64_t mult = (uint64_t)(((__int128)(n1 - n0) << 32) / (t1 - t0));
+  clk.seg[0] = (mc_seg_t){t1, n1, mult};
+  clk.nseg = 1;
+  clk.cal_t = t1;
+  clk.cal_ns = n1;
+  clk.cal_interval_ns = 10000000ull; /* 10 ms, then 100 ms, 1 s, 1 s ... */
+  clk.next_cal_ns = n1 + clk.cal_interval_ns;
+}
+
+/* Publisher (under g.lock): start a new segment when it is time. */
+static void clock_maybe_recalibrate(uint64_t now_ns) {
+  if (!clk.counter || now_ns < clk.next_cal_ns) return;
+  uint64_t t, n;
+  clock_pair(&t, &n);
+  if (t <= clk.cal_t || n <= clk.cal_ns) return;
+  /* the rate over the whole span since the last calibration, then a slew that removes the
+   * error of the current map (n - predicted) over the next interval */
+  __int128 rate = ((__int128)(n - clk.cal_ns) << 32) / (__int128)(t - clk.cal_t);
+  uint64_t predicted = ticks_to_ns(t);
+  uint64_t next = clk.cal_interval_ns < 1000000000ull ? clk.cal_interval_ns * 10 : 1000000000ull;
+  int64_t err = (int64_t)(n - predicted);
+  int64_t bound = (int64_t)(next / 2); /* the slope stays within 50 % of the measured rate: positive */
+  if (err > bound) err = bound;
+  if (err < -bound) err = -bound;
+  __int128 mult = rate * (__int128)((int64_t)next + err) / (__int128)next;
+  if (mult <= 0) return;
+  clk.seg[clk.nseg % MC_SEGS] = (mc_seg_t){t, predicted, (uint64_t)mult};
+  clk.nseg++;
+  clk.recalibrations++;
+  clk.cal_t = t;
+  clk.cal_ns = n;
+  clk.cal_interval_ns = next;
+  clk.next_cal_ns = n + next;
 }
 
 /* single-writer counter bump: a relaxed load + store, no locked RMW on the hot path */
@@ -234,7 +382,7 @@ static void* start_parent(mc_ctx_t* ctx, int type, int rank, uint64_t seq, const
     return NULL;
   }
   (void)rank;
-  uint64_t now = mono_ns();
+  uint64_t now = mc_ticks();
   p->type = (uint8_t)type;
   p->ctx = ctx;
   p->seq = seq;
@@ -246,12 +394,12 @@ static void* start_parent(mc_ctx_t* ctx, int type, int rank, uint64_t seq, const
   copy_fixed(p->algo, sizeof p->algo, algo);
   copy_fixed(p->dtype, sizeof p->dtype, dtype);
   copy_fixed(p->proto, sizeof p->proto, proto);
-  p->start_ns = now;
+  p->start_t = now;
   p->last_snapshot_ns = now;
-  atomic_store_explicit(&p->stop_ns, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->stop_t, 0, memory_order_relaxed);
   atomic_store_explicit(&p->children, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
-  atomic_store_explicit(&p->end_ns, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->last_activity_t, now, memory_order_relaxed);
+  atomic_store_explicit(&p->end_t, 0, memory_order_relaxed);
   atomic_store_explicit(&p->state, S_ACTIVE, memory_order_release);
   return p;
 }
@@ -267,7 +415,7 @@ static inline mc_parent_t* child_parent(void* parentObj, uint64_t now, uint64_t*
   *seq = p->seq;
   *kind = p->type == T_COLL ? MC_REC_COLL_DONE : MC_REC_P2P_DONE;
   atomic_fetch_add_explicit(&p->children, 1ull | (1ull << 32), memory_order_acq_rel);
-  atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+  atomic_store_explicit(&p->last_activity_t, now, memory_order_relaxed);
   return p;
 }
 
@@ -275,11 +423,11 @@ static inline void child_done(mc_parent_t* p, uint64_t now) {
   if (!p) return;
   /* atomic max, lock-free: children may stop on different proxy threads, and a lost update
    * would end the collective before its last flow */
-  uint64_t cur = atomic_load_explicit(&p->end_ns, memory_order_relaxed);
+  uint64_t cur = atomic_load_explicit(&p->end_t, memory_order_relaxed);
   while (cur < now &&
-         !atomic_compare_exchange_weak_explicit(&p->end_ns, &cur, now, memory_order_relaxed, memory_order_relaxed)) {
+         !atomic_compare_exchange_weak_explicit(&p->end_t, &cur, now, memory_order_relaxed, memory_order_relaxed)) {
   }
-  atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+  atomic_store_explicit(&p->last_activity_t, now, memory_order_relaxed);
   atomic_fetch_sub_explicit(&p->children, 1, memory_order_acq_rel);
 }
 
@@ -291,7 +439,7 @@ static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int
     count_dropped_event();
     return NULL;
   }
-  uint64_t now = mono_ns();
+  uint64_t now = mc_ticks();
   uint16_t flags = 0;
   if (pid != g.pid) { /* PXN: parentObj lives in another process: never dereference it */
     parentObj = NULL;
@@ -311,8 +459,8 @@ static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int
   f->pid = pid;
   /* unique while in flight (the slot), and over time (the slot's generation): no shared counter */
   f->uid = ++f->gen * ctx->nflows + (uint32_t)(f - ctx->flows);
-  f->start_ns = now;
-  f->stop_ns = 0;
+  f->start_t = now;
+  f->stop_t = 0;
   atomic_store_explicit(&f->posted, 0, memory_order_relaxed);
   atomic_store_explicit(&f->gpu_ready, 0, memory_order_relaxed);
   atomic_store_explicit(&f->transmitted, 0, memory_order_relaxed);
@@ -333,7 +481,7 @@ static void* start_kch(mc_ctx_t* ctx, void* parentObj, int rank, int channel, ui
     count_dropped_event();
     return NULL;
   }
-  uint64_t now = mono_ns();
+  uint64_t now = mc_ticks();
   k->type = T_KCH;
   k->ctx = ctx;
   k->parent = child_parent(parentObj, now, &k->seq, &k->parent_kind);
@@ -341,8 +489,8 @@ static void* start_kch(mc_ctx_t* ctx, void* parentObj, int rank, int channel, ui
   k->rank = rank;
   k->channel = channel;
   k->uid = ++k->gen * ctx->nkchs + (uint32_t)(k - ctx->kchs);
-  k->start_ns = now;
-  k->stop_ns = 0;
+  k->start_t = now;
+  k->stop_t = 0;
   k->gpu_start = ptimer;
   atomic_store_explicit(&k->gpu_stop, 0, memory_order_relaxed);
   atomic_store_explicit(&k->state, S_ACTIVE, memory_order_release);
@@ -405,8 +553,8 @@ static mcNcclResult_t core_stop(void* h) {
     case T_FLOW: {
       mc_flow_t* f = (mc_flow_t*)h;
       if (atomic_load_explicit(&f->state, memory_order_relaxed) != S_ACTIVE) return mcNcclSuccess;
-      uint64_t now = mono_ns();
-      f->stop_ns = now;
+      uint64_t now = mc_ticks();
+      f->stop_t = now;
       child_done(f->parent, now);
       atomic_store_explicit(&f->state, S_STOPPED, memory_order_release);
       return mcNcclSuccess;
@@ -414,8 +562,8 @@ static mcNcclResult_t core_stop(void* h) {
     case T_KCH: {
       mc_kch_t* k = (mc_kch_t*)h;
       if (atomic_load_explicit(&k->state, memory_order_relaxed) != S_ACTIVE) return mcNcclSuccess;
-      uint64_t now = mono_ns();
-      k->stop_ns = now;
+      uint64_t now = mc_ticks();
+      k->stop_t = now;
       child_done(k->parent, now);
       atomic_store_explicit(&k->state, S_STOPPED, memory_order_release);
       return mcNcclSuccess;
@@ -424,9 +572,9 @@ static mcNcclResult_t core_stop(void* h) {
     case T_P2P: { /* "enqueued": completion comes from the children */
       mc_parent_t* p = (mc_parent_t*)h;
       uint32_t exp = S_ACTIVE;
-      uint64_t now = mono_ns();
-      atomic_store_explicit(&p->stop_ns, now, memory_order_relaxed);
-      atomic_store_explicit(&p->last_activity_ns, now, memory_order_relaxed);
+      uint64_t now = mc_ticks();
+      atomic_store_explicit(&p->stop_t, now, memory_order_relaxed);
+      atomic_store_explicit(&p->last_activity_t, now, memory_order_relaxed);
       atomic_compare_exchange_strong_explicit(&p->state, &exp, S_STOPPED, memory_order_release, memory_order_relaxed);
       return mcNcclSuccess;
     }
@@ -491,15 +639,15 @@ static void emit_parent(mc_parent_t* p, int kind, uint16_t flags, int64_t off, u
   memset(&r, 0, sizeof r);
   r.kind = (uint16_t)kind;
   r.flags = flags;
-  if (atomic_load_explicit(&p->stop_ns, memory_order_relaxed)) r.flags |= MC_FLAG_ENQUEUED;
+  if (atomic_load_explicit(&p->stop_t, memory_order_relaxed)) r.flags |= MC_FLAG_ENQUEUED;
   r.rank = p->ctx->rank;
   r.comm_hash = p->ctx->comm_hash;
   r.seq = p->seq;
-  r.start_ns = to_real(p->start_ns, off);
+  r.start_ns = to_real(ticks_to_ns(p->start_t), off);
   if (kind == MC_REC_COLL_DONE || kind == MC_REC_P2P_DONE) {
-    uint64_t end = atomic_load_explicit(&p->end_ns, memory_order_relaxed);
-    if (!end) end = atomic_load_explicit(&p->stop_ns, memory_order_relaxed);
-    r.end_ns = to_real(end ? end : p->start_ns, off);
+    uint64_t end = atomic_load_explicit(&p->end_t, memory_order_relaxed);
+    if (!end) end = atomic_load_explicit(&p->stop_t, memory_order_relaxed);
+    r.end_ns = to_real(ticks_to_ns(end ? end : p->start_t), off);
   }
   r.time_ns = now_real;
   r.u.coll.count = p->count;
@@ -527,8 +675,8 @@ static void emit_flow(mc_flow_t* f, int kind, uint16_t flags, int64_t off, uint6
   r.rank = f->rank;
   r.comm_hash = f->ctx->comm_hash;
   r.seq = f->seq;
-  r.start_ns = to_real(f->start_ns, off);
-  r.end_ns = kind == MC_REC_FLOW_DONE ? to_real(f->stop_ns ? f->stop_ns : mono_ns(), off) : 0;
+  r.start_ns = to_real(ticks_to_ns(f->start_t), off);
+  r.end_ns = kind == MC_REC_FLOW_DONE ? to_real(f->stop_t ? ticks_to_ns(f->stop_t) : mono_ns(), off) : 0;
   r.time_ns = now_real;
   mc_rec_flow_t* o = &r.u.flow;
   o->channel = f->channel;
@@ -558,8 +706,8 @@ static void emit_kch(mc_kch_t* k, uint16_t flags, int64_t off, uint64_t now_real
   r.rank = k->rank;
   r.comm_hash = k->ctx->comm_hash;
   r.seq = k->seq;
-  r.start_ns = to_real(k->start_ns, off);
-  r.end_ns = to_real(k->stop_ns ? k->stop_ns : mono_ns(), off);
+  r.start_ns = to_real(ticks_to_ns(k->start_t), off);
+  r.end_ns = to_real(k->stop_t ? ticks_to_ns(k->stop_t) : mono_ns(), off);
   r.time_ns = now_real;
   r.u.kch.channel = k->channel;
   r.u.kch.uid = k->uid;
@@ -628,12 +776,12 @@ static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_r
       atomic_store_explicit(&p->state, S_FREE, memory_order_release);
       continue;
     }
-    uint64_t last = atomic_load_explicit(&p->last_activity_ns, memory_order_relaxed);
+    uint64_t last = ticks_to_ns(atomic_load_explicit(&p->last_activity_t, memory_order_relaxed));
     if (st == S_STOPPED && (uint32_t)atomic_load_explicit(&p->children, memory_order_acquire) == 0 && now >= last &&
         now - last >= g.linger_ns) {
       emit_parent(p, done_kind, 0, off, now_real);
       atomic_store_explicit(&p->state, S_FREE, memory_order_release);
-    } else if (snapshot && now - p->start_ns >= g.snapshot_ns / 2) {
+    } else if (snapshot && now - ticks_to_ns(p->start_t) >= g.snapshot_ns / 2) {
       emit_parent(p, snap_kind, 0, off, now_real);
     }
   }
@@ -654,6 +802,7 @@ static int64_t mono_to_real_offset(void) {
 
 static void publish_all(int force_snapshot) {
   uint64_t now = mono_ns();
+  clock_maybe_recalibrate(now);
   int64_t off = mono_to_real_offset();
   uint64_t now_real = (uint64_t)((int64_t)now + off);
   int snapshot = force_snapshot || now - g.last_snapshot_ns >= g.snapshot_ns;
@@ -705,6 +854,7 @@ static int ring_open(void) {
 
 static void configure(void) {
   g.pid = getpid();
+  clock_init();
   g.snapshot_ns = env_u64("MYCROFT_NATIVE_SNAPSHOT_MS", 100, 1, 3600000) * 1000000ull;
   g.linger_ns = env_u64("MYCROFT_NATIVE_LINGER_MS", 10, 0, 60000) * 1000000ull;
   /* retire finished events every few ms so the pools stay small */
@@ -907,6 +1057,23 @@ MC_EXPORT uint64_t mycroft_native_flush(void) {
   }
   pthread_mutex_unlock(&g.lock);
   return n;
+}
+
+/* The hot-path clock, for tests: a fresh tick converted the publisher's way, the
+ * CLOCK_MONOTONIC ns read beside it, and the clock's state (1: counter, 0: monotonic).
+ * Returns -1 before the first communicator (the clock is set up then). */
+MC_EXPORT int mycroft_native_clock(uint64_t* converted_ns, uint64_t* mono, uint32_t* recalibrations) {
+  pthread_mutex_lock(&g.lock);
+  int rc = -1;
+  if (g.ring) {
+    uint64_t t = mc_ticks();
+    *mono = mono_ns();
+    *converted_ns = ticks_to_ns(t);
+    *recalibrations = clk.recalibrations;
+    rc = clk.counter;
+  }
+  pthread_mutex_unlock(&g.lock);
+  return rc;
 }
 
 /* Path of this process's ring ("" before the first communicator). */

@@ -7,6 +7,8 @@
  *   driver stress LIB N_COLLS          main thread + proxy threads + ring reader thread
  *   driver bench  LIB                  hot-path cost of start/record/stop triples
  *   driver flood  LIB SECONDS READER   events/s with a reader (READER: internal|external)
+ *   driver clock  LIB SECONDS          the hot-path clock against CLOCK_MONOTONIC over time
+ *   driver calls  LIB N [op|coll|step] N ProxyOp / Coll / ProxyStep triples, untimed (for callgrind)
  *
  * Replay script: one call per line, handles are small integers.
  *   init C HASH RANK NRANKS NNODES NAME
@@ -733,6 +735,91 @@ static int cmd_flood(const char* lib, double seconds, int internal) {
   return 0;
 }
 
+/* clock: convert fresh ticks the publisher's way every 10 ms for SECONDS; report the
+ * largest difference from CLOCK_MONOTONIC read beside them, and whether conversions ever
+ * went backwards (they must not: the map is continuous). */
+static int cmd_clock(const char* lib, double seconds) {
+  prof_t p = load(lib, 6);
+  int mask;
+  void* ctx = p_init(&p, 0xc10c, 0, 1, 1, "clock", &mask);
+  int (*clock_fn)(uint64_t*, uint64_t*, uint32_t*) = NULL;
+  *(void**)&clock_fn = dlsym(RTLD_DEFAULT, "mycroft_native_clock");
+  if (!clock_fn) {
+    void* h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+    if (h) *(void**)&clock_fn = dlsym(h, "mycroft_native_clock");
+  }
+  if (!clock_fn) die("mycroft_native_clock not exported");
+  uint64_t start = now_ns(), prev = 0, conv = 0, mono = 0;
+  uint32_t recal = 0;
+  int64_t max_err = 0, last_err = 0;
+  int backwards = 0, mode = -1, samples = 0;
+  while (now_ns() - start < (uint64_t)(seconds * 1e9)) {
+    mode = clock_fn(&conv, &mono, &recal);
+    if (conv < prev) backwards++;
+    prev = conv;
+    int64_t err = (int64_t)conv - (int64_t)mono;
+    last_err = err;
+    if (now_ns() - start > 300000000ull && (err > max_err || -err > max_err)) max_err = err < 0 ? -err : err;
+    samples++;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  p_fin(&p, ctx);
+  unlink(p.ring_path());
+  printf("{\"counter\": %d, \"samples\": %d, \"recalibrations\": %u, \"max_abs_err_ns_after_300ms\": %" PRId64
+         ", \"last_err_ns\": %" PRId64 ", \"backwards\": %d}\n",
+         mode, samples, recal, max_err, last_err, backwards);
+  return backwards ? 1 : 0;
+}
+
+/* calls: N ProxyOp and N Coll start/record/stop triples with no timing around them, so
+ * callgrind's count over the table functions is the per-event cost in instructions. */
+static int cmd_calls(const char* lib, int n, const char* kind) {
+  int do_step = !strcmp(kind, "step");
+  int do_op = !do_step && strcmp(kind, "coll") != 0, do_coll = !do_step && strcmp(kind, "op") != 0;
+  setenv("MYCROFT_NATIVE_LINGER_MS", "0", 0);
+  prof_t p = load(lib, 6);
+  int mask;
+  void* ctx = p_init(&p, 0xca11, 0, 2, 1, "calls", &mask);
+  const mcNcclProfiler_v5_t* t = p.t5;
+  mcNcclProfilerEventDescr_v5_t dc = d_coll(NULL, 0, 0, "AllReduce", 1 << 20, "ncclFloat32", 1, "RING", "SIMPLE");
+  void* coll = p_start(&p, ctx, &dc);
+  mcNcclProfilerEventDescr_v5_t dop = d_op(coll, 0, getpid(), 0, 1, 1 << 30, 1 << 17, 1);
+  if (do_step) {
+    void* op = p_start(&p, ctx, &dop);
+    mcNcclProfilerEventDescr_v5_t ds = d_step(op, 0, 0);
+    mcNcclProfilerEventStateArgs_v5_t a = {.proxyStep = {1 << 17}};
+    for (int i = 0; i < n; i++) {
+      void* h;
+      ds.proxyStep.step = i;
+      t->startEvent(ctx, &h, &ds);
+      t->recordEventState(h, MC_ST_STEP_SEND_WAIT, &a);
+      t->stopEvent(h);
+    }
+    t->stopEvent(op);
+  }
+  for (int i = 0; do_op && i < n; i++) {
+    void* h;
+    t->startEvent(ctx, &h, &dop);
+    t->recordEventState(h, MC_ST_PROXY_OP_IN_PROGRESS_V4, NULL);
+    t->stopEvent(h);
+    if (i % 100 == 99) p.flush();
+  }
+  t->stopEvent(coll);
+  for (int i = 0; do_coll && i < n; i++) {
+    void* h;
+    dc.coll.seqNumber++;
+    t->startEvent(ctx, &h, &dc);
+    t->recordEventState(h, MC_ST_PROXY_OP_IN_PROGRESS_V4, NULL);
+    t->stopEvent(h);
+    if (i % 100 == 99) p.flush();
+  }
+  p_fin(&p, ctx);
+  unlink(p.ring_path());
+  printf("{\"triples\": %d}\n", n);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc >= 5 && !strcmp(argv[1], "replay")) {
     const char* v = argv[3];
@@ -743,7 +830,10 @@ int main(int argc, char** argv) {
   if (argc >= 4 && !strcmp(argv[1], "stress")) return cmd_stress(argv[2], atoi(argv[3]));
   if (argc >= 3 && !strcmp(argv[1], "bench")) return cmd_bench(argv[2]);
   if (argc >= 5 && !strcmp(argv[1], "flood")) return cmd_flood(argv[2], atof(argv[3]), !strcmp(argv[4], "internal"));
+  if (argc >= 4 && !strcmp(argv[1], "clock")) return cmd_clock(argv[2], atof(argv[3]));
+  if (argc >= 4 && !strcmp(argv[1], "calls")) return cmd_calls(argv[2], atoi(argv[3]), argc >= 5 ? argv[4] : "both");
   fprintf(stderr,
-          "usage: driver replay LIB v4|v5|v6 SCRIPT | stress LIB N | bench LIB | flood LIB SECONDS internal|external\n");
+          "usage: driver replay LIB v4|v5|v6 SCRIPT | stress LIB N | bench LIB | flood LIB SECONDS internal|external"
+          " | clock LIB SECONDS | calls LIB N [op|coll|step]\n");
   return 2;
 }

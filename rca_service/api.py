@@ -23,6 +23,7 @@ log = logging.getLogger("mycroft.rca.api")
 
 API_LIMITS = HttpLimits(max_body_bytes=64 * 1024, max_decoded_bytes=64 * 1024, workers=4)
 MAX_LIMIT = 10_000
+INCIDENT_QUERY = ("limit", "job", "status")
 
 
 class Backend(Protocol):
@@ -40,7 +41,7 @@ def _json(code: int, value: Any) -> Response:
 
 def parse_limit(text: str | None) -> int:
     """The ?limit= of a list: an integer, clamped to 1..10000 (400 when not an integer)."""
-    if text is None or text == "":
+    if text is None:
         return 100
     try:
         value = int(text)
@@ -73,6 +74,11 @@ class ApiHandler:
         principal = request.principal if isinstance(request.principal, Principal) else self.head(request)
         path = request.path.rstrip("/") or "/"
         query = request.query
+        allowed = INCIDENT_QUERY if path == "/api/v1/incidents" else ()
+        unknown = sorted(set(query) - set(allowed))
+        if unknown:  # a typo (?limt=5) is an error, not a silently unfiltered answer
+            raise HttpError(400, f"unknown query parameter {unknown[0][:64]!r}"
+                                 + (f"; this path takes {', '.join(allowed)}" if allowed else ""))
         if path == "/healthz":
             return _json(200, self.backend.health())
         if path == "/metrics":
@@ -81,7 +87,7 @@ class ApiHandler:
             return _json(200, OPENAPI)
         if path == "/api/v1/incidents":
             limit = parse_limit(query.get("limit"))
-            status = query.get("status") or None
+            status = query.get("status")
             if status not in (None, "firing", "resolved"):
                 raise HttpError(400, "status must be firing or resolved")
             job = query.get("job") or None

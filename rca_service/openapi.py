@@ -13,7 +13,7 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "bad query parameter", 401: "missing or invalid bearer token (with --auth-config)",
+    text = {400: "bad or unknown query parameter", 401: "missing or invalid bearer token (with --auth-config)",
             403: "the token's role or job patterns do not allow this", 404: "no such incident",
             500: "internal error (logged)", 503: "too many connections"}
     return {str(code): {"description": text[code], "content": {"application/json": {"schema": _ERROR}}}
@@ -73,7 +73,7 @@ OPENAPI: dict[str, Any] = {
                 "responses": {
                     "200": {"description": "serving", "content": {"application/json": {"schema": {
                         "type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}}}},
-                    **_errors(500, 503),
+                    **_errors(400, 500, 503),
                 },
             }
         },
@@ -81,13 +81,13 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "Prometheus metrics (text exposition format)",
                 "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {
-                    "type": "string"}}}}, **_errors(*_AUTH_ERRORS)},
+                    "type": "string"}}}}, **_errors(400, *_AUTH_ERRORS)},
             }
         },
         "/api/v1/openapi.json": {
             "get": {"summary": "This description",
                     "responses": {"200": {"description": "OpenAPI 3 document", "content": {
-                        "application/json": {"schema": {"type": "object"}}}}, **_errors(*_AUTH_ERRORS)}}
+                        "application/json": {"schema": {"type": "object"}}}}, **_errors(400, *_AUTH_ERRORS)}}
         },
         "/api/v1/incidents": {
             "get": {
@@ -109,14 +109,15 @@ OPENAPI: dict[str, Any] = {
                 "summary": "One incident",
                 "parameters": [{"name": "incident_id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "the incident", "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/Incident"}}}}, **_errors(404, *_AUTH_ERRORS)},
+                    "schema": {"$ref": "#/components/schemas/Incident"}}}}, **_errors(400, 404, *_AUTH_ERRORS)},
             }
         },
         "/api/v1/jobs": {
             "get": {
                 "summary": "Live state of every job (of the token's jobs)",
                 "responses": {"200": {"description": "jobs", "content": {"application/json": {"schema": {
-                    "type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}}, **_errors(*_AUTH_ERRORS)},
+                    "type": "array", "items": {"$ref": "#/components/schemas/Job"}}}}},
+                    **_errors(400, *_AUTH_ERRORS)},
             }
         },
     },

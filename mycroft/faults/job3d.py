@@ -23,7 +23,8 @@ Configured by environment variables (the harness, mycroft/faults/inject.py, sets
   the fault      MYCROFT_FAULT (see FAULTS), MYCROFT_FAULT_RANK, MYCROFT_FAULT_TRIGGER
                  (step | time | first), MYCROFT_FAULT_STEP, MYCROFT_FAULT_AT_S (seconds after
                  init_process_group), MYCROFT_FAULT_POSITION (tp | pp | dp | any: before which
-                 op), MYCROFT_FAULT_SEED, MYCROFT_FAULT_STRAGGLE_S (extra compute per step,
+                 op), MYCROFT_FAULT_NTH (which such op of the step; random by default),
+                 MYCROFT_FAULT_SEED, MYCROFT_FAULT_STRAGGLE_S (extra compute per step,
                  default 0.15), MYCROFT_FAULT_ONSET_FILE (the faulty rank writes the onset,
                  unix s, just before it misbehaves)
 
@@ -218,7 +219,8 @@ class Job:
         if not options:
             raise SystemExit(f"job3d: rank {self.rank} has no {self.position} op in layout {self.layout}")
         where = self.rng.choice(options)
-        self.strike = (where, self.rng.randrange(counts[where]))
+        nth = int(_env("MYCROFT_FAULT_NTH", "-1"))
+        self.strike = (where, nth % counts[where] if nth >= 0 else self.rng.randrange(counts[where]))
 
     def boundary(self, position: str) -> None:
         """Called before every op (and after init / group creation): where one-shot faults strike."""

@@ -75,6 +75,7 @@ class MycroftConfig:
     native: bool = True
     completion_poll_s: float = 0.001  # device-async backends: how often pending Works are polled
     max_pending_works: int = 1024  # Works (and their tensors) held at most for completion polling
+    native_linger_s: float = 0.02  # at exit: the plugin's linger + tick, waited once before its last flush
 
     @classmethod
     def from_env(cls) -> MycroftConfig:

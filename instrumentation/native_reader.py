@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from mycroft.instrumentation.comm_map import CommInfo, NativeColl
 from mycroft.native import ring as ringmod
 from mycroft.native.ring import Record, Ring, RingError
 
@@ -52,10 +53,16 @@ class _CommMap:
 class NativeReader:
     """One process's ring -> finished native spans (drain) and in-flight flow counters (heartbeat)."""
 
-    def __init__(self, ring: Ring, job_id: str, rank: int) -> None:
+    def __init__(self, ring: Ring, job_id: str, rank: int, hold_s: float = 0.0) -> None:
         self._ring = ring
         self.job_id = job_id
         self.rank = rank
+        # hold_s > 0: finished records of a communicator nobody mapped yet wait up to hold_s
+        # (from the communicator's first record) for map_comm(), so they join the group's traces
+        self.hold_s = hold_s
+        self._held: dict[int, list[Record]] = {}
+        self._first_seen: dict[int, float] = {}
+        self._comm_info: dict[int, CommInfo] = {}
         self._maps: dict[int, _CommMap] = {}
         self._comm_ranks: dict[int, int] = {}  # commHash -> this process's rank in it (COMM records)
         self._flows: dict[tuple[int, int, int], Record] = {}  # (comm, comm rank, uid) -> latest snapshot
@@ -149,7 +156,8 @@ class NativeReader:
             schema.ATTR_JOB_ID: self.job_id,
             schema.ATTR_NCCL_COMM_HASH: f"{rec.comm_hash:016x}",
             schema.ATTR_GROUP_ID: self._group(rec.comm_hash),
-            schema.ATTR_STATE: schema.STATE_IN_FLIGHT if rec.aborted else schema.STATE_COMPLETED,
+            schema.ATTR_STATE: schema.STATE_IN_FLIGHT if rec.aborted or rec.flags & ringmod.FLAG_UNFINISHED
+            else schema.STATE_COMPLETED,
             schema.ATTR_TIMING: schema.TIMING_EXACT,
         }
         if rec.seq != ringmod.SEQ_UNKNOWN:
@@ -160,6 +168,8 @@ class NativeReader:
     def _status(rec: Record) -> tuple[int, str]:
         if rec.aborted:
             return STATUS_ERROR, "communicator finalized while the operation was in flight"
+        if rec.flags & ringmod.FLAG_UNFINISHED:
+            return STATUS_ERROR, "no kernel completion seen (MYCROFT_NATIVE_CHILD_WAIT_MS passed): end unknown"
         return STATUS_OK, ""
 
     def _parent_span(self, rec: Record) -> SpanRecord:
@@ -248,12 +258,63 @@ class NativeReader:
                           status_message=message)
 
     # ------------------------------------------------------------------ the interface
+    def comms(self) -> list[CommInfo]:
+        """Communicators this process initialised (name, size, this process's rank in it)."""
+        return list(self._comm_info.values())
+
+    def unmapped(self) -> list[int]:
+        return [comm for comm in self._comm_info if comm not in self._maps]
+
+    def held_collectives(self) -> list[NativeColl]:
+        """Finished collectives waiting for their communicator's mapping (the mapper's evidence)."""
+        return [NativeColl(rec.comm_hash, rec.seq, str(rec.fields.get("func", "")), rec.start_ns)
+                for held in self._held.values() for rec in held if rec.kind == ringmod.REC_COLL_DONE]
+
+    def _hold(self, rec: Record) -> bool:
+        """Keep a finished record of an unmapped communicator for a while; False: convert it now."""
+        if self.hold_s <= 0 or rec.comm_hash in self._maps or rec.seq == ringmod.SEQ_UNKNOWN:
+            return False
+        first = self._first_seen.setdefault(rec.comm_hash, time.monotonic())
+        if time.monotonic() - first > self.hold_s:
+            return False
+        self._held.setdefault(rec.comm_hash, []).append(rec)
+        return True
+
+    def _span(self, rec: Record) -> SpanRecord | None:
+        kind = rec.kind
+        if kind == ringmod.REC_FLOW_DONE:
+            return self._flow_span(rec)
+        if kind == ringmod.REC_KCH_DONE:
+            return self._kch_span(rec)
+        if kind in (ringmod.REC_COLL_DONE, ringmod.REC_P2P_DONE):
+            return self._parent_span(rec)
+        return None
+
+    def release(self, force: bool = False) -> list[SpanRecord]:
+        """Spans of held records whose communicator is now mapped or has waited hold_s (all: force)."""
+        spans: list[SpanRecord] = []
+        now = time.monotonic()
+        for comm in list(self._held):
+            if force or comm in self._maps or now - self._first_seen.get(comm, now) > self.hold_s:
+                for rec in self._held.pop(comm):
+                    span = self._span(rec)
+                    if span is not None:
+                        spans.append(span)
+        return spans
+
     def drain(self) -> list[SpanRecord]:
         """Finished native spans since the last call (resource left empty: the caller fills it)."""
         spans: list[SpanRecord] = []
         for rec in self._ring.consume():
             self.records_read += 1
             kind = rec.kind
+            if kind in (ringmod.REC_FLOW_DONE, ringmod.REC_KCH_DONE, ringmod.REC_COLL_DONE,
+                        ringmod.REC_P2P_DONE) and self._hold(rec):
+                if kind == ringmod.REC_FLOW_DONE:
+                    self._flows.pop((rec.comm_hash, rec.rank, rec.fields["uid"]), None)
+                elif kind != ringmod.REC_KCH_DONE:
+                    self._colls.pop((rec.comm_hash, rec.rank, kind - 1, rec.seq), None)
+                continue
             if kind == ringmod.REC_FLOW:
                 self._flows[(rec.comm_hash, rec.rank, rec.fields["uid"])] = rec
             elif kind == ringmod.REC_FLOW_DONE:
@@ -268,6 +329,8 @@ class NativeReader:
                 spans.append(self._parent_span(rec))
             elif kind == ringmod.REC_COMM:
                 self._comm_ranks[rec.comm_hash] = rec.rank
+                self._comm_info[rec.comm_hash] = CommInfo(rec.comm_hash, str(rec.fields.get("name", "")),
+                                                          int(rec.fields.get("nranks", 0)), rec.rank)
             elif kind == ringmod.REC_COMM_END:
                 for key in [k for k in self._flows if k[0] == rec.comm_hash and k[1] == rec.rank]:
                     del self._flows[key]

@@ -8,6 +8,7 @@ the signal handler and the atexit hook, which do only bounded work.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import logging
 import os
@@ -22,6 +23,7 @@ import traceback
 import uuid
 from typing import Any
 
+from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
@@ -35,6 +37,7 @@ from mycroft.otlp import AttrValue, SpanRecord
 log = logging.getLogger("mycroft.instrumentation")
 
 JOB_ID_STORE_KEY = "mycroft/job_id"
+NATIVE_HOLD_S = 3.0  # native records of a communicator wait this long for its group mapping
 RUN_ID_STORE_KEY = "mycroft/run_id"
 # Frames of Mycroft's own code are dropped from reported stacks: the instrumentation and the
 # top-level mycroft modules, but not mycroft.faults (its jobs are the user code under test).
@@ -86,6 +89,29 @@ def negotiate_run_id() -> str:
     return "{}-{}.{}".format(os.environ.get("MASTER_ADDR", "local"), os.environ.get("MASTER_PORT", "0"), restart)
 
 
+def native_flush(linger_s: float) -> None:
+    """Have the NCCL plugin loaded in this process publish what finished (last words at exit).
+
+    Its publisher retires a collective only after a quiet linger; waiting that out once and
+    flushing puts the last collectives in the ring before the final drain. Nothing happens
+    when the plugin is not loaded (RTLD_NOLOAD never loads it).
+    """
+    import ctypes
+
+    path = os.environ.get("NCCL_PROFILER_PLUGIN", "")
+    if not path or path == "none":
+        return
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return
+    flush = getattr(lib, "mycroft_native_flush", None)
+    if flush is None:
+        return
+    time.sleep(linger_s)
+    flush()
+
+
 def main_thread_stack(depth: int) -> str:
     """Where the main thread is now: innermost frame last, Mycroft's own frames removed."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
@@ -124,6 +150,8 @@ class Runtime:
         self._native: Any = None
         self._native_next_try = 0.0
         self._frontier: FrontierReader | None = None  # NCCL Flight Recorder, read only for device-async groups
+        # recent collectives of device-async groups: the evidence that maps NCCL communicators to groups
+        self._py_ops: collections.deque[PyOp] = collections.deque(maxlen=512)
         self._wakeup_r: int | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
@@ -244,7 +272,10 @@ class Runtime:
             return
         spans: list[SpanRecord] = []
         for _ in range(len(queue)):
-            spans.append(op_span(queue.popleft(), self.job_id, self.rank))
+            record = queue.popleft()
+            if record.device and record.op not in schema.P2P_OPS:
+                self._py_ops.append(PyOp(record.group.gid, record.seq, record.op, record.start_ns, record.call_end_ns))
+            spans.append(op_span(record, self.job_id, self.rank))
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
         urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
         self.shipper.submit(spans, urgent=urgent)
@@ -255,18 +286,38 @@ class Runtime:
         if self._native is None:
             if time.monotonic() < self._native_next_try:
                 return
-            self._native_next_try = time.monotonic() + 5.0
+            self._native_next_try = time.monotonic() + 1.0  # NCCL creates the ring at its first communicator
             try:
                 from mycroft.instrumentation.native_reader import NativeReader
 
                 self._native = NativeReader.open_for_pid(os.getpid(), self.job_id, self.rank)
+                if self._native is not None:
+                    self._native.hold_s = NATIVE_HOLD_S
             except Exception:
                 self._native = None
             if self._native is None:
                 return
         spans = self._native.drain()
+        if self._native.unmapped():
+            self._map_comms()
+        spans.extend(self._native.release())
         if spans:
             self.shipper.submit(spans)
+
+    def _map_comms(self) -> None:
+        """Put NCCL communicators into their groups' traces (instrumentation/comm_map.py)."""
+        reader = self._native
+        groups = [GroupShape(info.gid, info.name, info.desc, info.ranks, info.group_rank)
+                  for info in self.recorder.groups.all() if info.device_async]
+        if not groups:
+            return
+        ops = list(self._py_ops) + [PyOp(r.group.gid, r.seq, r.op, r.start_ns, r.call_end_ns)
+                                    for r in self.recorder.snapshot_inflight()
+                                    if r.device and r.op not in schema.P2P_OPS]
+        unmapped = set(reader.unmapped())
+        comms = [comm for comm in reader.comms() if comm.comm_hash in unmapped]
+        for comm_hash, mapping in match_comms(comms, reader.held_collectives(), groups, ops).items():
+            reader.map_comm(comm_hash, mapping.gid, mapping.ranks, mapping.seq_offset)
 
     def _read_frontier(self) -> None:
         """The Flight Recorder's last completed seq per device-async group (and what it completes)."""
@@ -338,6 +389,13 @@ class Runtime:
             with contextlib.suppress(Exception):  # what the device finished since the last poll
                 self.recorder.completion.poll()
             self._drain_ops()
+            with contextlib.suppress(Exception):  # and what NCCL finished (held records go as they are)
+                self._native_next_try = 0.0
+                if self._native is not None:
+                    native_flush(self.config.native_linger_s)
+                self._drain_native()
+                if self._native is not None:
+                    self.shipper.submit(self._native.release(force=True))
             now = time.time_ns()
             leftovers = [op_span(record, self.job_id, self.rank, end_ns=now)
                          for record in self.recorder.snapshot_inflight()]

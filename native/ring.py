@@ -46,7 +46,7 @@ KIND_NAMES = {
     REC_KCH_DONE: "kernel_channel",
     REC_COMM_END: "comm_end",
 }
-FLAG_ABORTED, FLAG_PXN, FLAG_ORPHAN, FLAG_ENQUEUED = 1, 2, 4, 8
+FLAG_ABORTED, FLAG_PXN, FLAG_ORPHAN, FLAG_ENQUEUED, FLAG_UNFINISHED = 1, 2, 4, 8, 16
 SEQ_UNKNOWN = 2**64 - 1
 
 # ProxyStep states (recordEventState), for readable evidence
@@ -124,7 +124,8 @@ class Record:
         out["start_ns"] = self.start_ns
         out["end_ns"] = self.end_ns
         out["flags"] = [name for bit, name in ((FLAG_ABORTED, "aborted"), (FLAG_PXN, "pxn"),
-                                                (FLAG_ORPHAN, "orphan"), (FLAG_ENQUEUED, "enqueued"))
+                                                (FLAG_ORPHAN, "orphan"), (FLAG_ENQUEUED, "enqueued"),
+                                                (FLAG_UNFINISHED, "unfinished"))
                         if self.flags & bit]
         for key, value in self.fields.items():
             out.setdefault(key, value)

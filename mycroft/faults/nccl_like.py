@@ -22,6 +22,12 @@ gloo alone cannot tell the two apart. This module plays NCCL on CPUs:
 - The Flight Recorder: when torch has no `_dump_nccl_trace_json` (CPU builds), `register()`
   installs one that answers in NCCL's format for these groups (pg_status per group: last
   enqueued / started / completed collective; completed is advanced by the watchdog).
+- The profiler plugin: with NCCL_PROFILER_PLUGIN set, each group loads it as NCCL does and
+  drives its v6 ABI: init per communicator (at the first collective, as torch's lazy init;
+  commId the same on every member, commName empty), a Coll event started and stopped
+  (= enqueued) in the issuing call, and a KernelCh event on the stream around the op, so
+  the collective's native end is the device's. Mycroft's native path (ring, reader,
+  communicator-to-group mapping) then runs end to end on CPUs.
 
 Use: `nccl_like.register()` then `dist.init_process_group(nccl_like.BACKEND)` (torchrun's
 env:// rendezvous works). Results read before `synchronize()` are undefined, as they would be
@@ -31,7 +37,9 @@ on a GPU without stream ordering: CPU tensors have no stream to order the reads 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
+import hashlib
 import json
 import os
 import queue
@@ -237,6 +245,109 @@ class _Watchdog:
 _watchdog = _Watchdog()
 
 
+# ---------------------------------------------------------------------------------- profiler
+class _CollDescr(ctypes.Structure):
+    _fields_ = [("seqNumber", ctypes.c_uint64), ("func", ctypes.c_char_p), ("sendBuff", ctypes.c_void_p),
+                ("recvBuff", ctypes.c_void_p), ("count", ctypes.c_size_t), ("root", ctypes.c_int),
+                ("datatype", ctypes.c_char_p), ("nChannels", ctypes.c_uint8), ("nWarps", ctypes.c_uint8),
+                ("algo", ctypes.c_char_p), ("proto", ctypes.c_char_p), ("parentGroup", ctypes.c_void_p)]
+
+
+class _KernelChDescr(ctypes.Structure):
+    _fields_ = [("channelId", ctypes.c_uint8), ("pTimer", ctypes.c_uint64)]
+
+
+class _DescrUnion(ctypes.Union):
+    _fields_ = [("coll", _CollDescr), ("kernelCh", _KernelChDescr), ("pad", ctypes.c_uint8 * 96)]
+
+
+class _Descr(ctypes.Structure):
+    """ncclProfilerEventDescr_v5/v6: 64-bit type, parentObj, rank, then the union (at 24)."""
+
+    _fields_ = [("type", ctypes.c_uint64), ("parentObj", ctypes.c_void_p), ("rank", ctypes.c_int),
+                ("u", _DescrUnion)]
+
+
+_INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64,
+                         ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_void_p)
+_START = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Descr))
+_STOP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+_FINALIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+class _Table(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("init", _INIT), ("startEvent", _START), ("stopEvent", _STOP),
+                ("recordEventState", _RECORD), ("finalize", _FINALIZE)]
+
+
+EV_COLL, EV_KERNEL_CH = 1 << 1, 1 << 6
+ST_KERNEL_CH_STOP = 22
+_NCCL_FUNCS = {"allreduce": b"AllReduce", "barrier": b"AllReduce", "broadcast": b"Broadcast", "reduce": b"Reduce",
+               "allgather": b"AllGather", "_allgather_base": b"AllGather", "reduce_scatter": b"ReduceScatter",
+               "_reduce_scatter_base": b"ReduceScatter"}
+_NCCL_TYPES = {torch.float32: b"ncclFloat32", torch.float64: b"ncclFloat64", torch.float16: b"ncclFloat16",
+               torch.bfloat16: b"ncclBfloat16", torch.int64: b"ncclInt64", torch.int32: b"ncclInt32",
+               torch.int8: b"ncclInt8", torch.uint8: b"ncclUint8"}
+
+
+class _Profiler:
+    """An NCCL profiler plugin driven the way NCCL drives it (v6 table), one context per communicator."""
+
+    def __init__(self, path: str) -> None:
+        self._lib = ctypes.CDLL(path)
+        self.table = _Table.in_dll(self._lib, "ncclProfiler_v6")
+        self.mask = ctypes.c_int(0)
+
+    def init(self, comm_id: int, nranks: int, rank: int) -> ctypes.c_void_p | None:
+        ctx = ctypes.c_void_p()
+        if self.table.init(ctypes.byref(ctx), comm_id, ctypes.byref(self.mask), b"", 1, nranks, rank, None) != 0:
+            return None
+        return ctx
+
+    def start_coll(self, ctx: ctypes.c_void_p, rank: int, seq: int, func: bytes, count: int, dtype: bytes) -> int:
+        d = _Descr(type=EV_COLL, parentObj=None, rank=rank)
+        d.u.coll = _CollDescr(seqNumber=seq, func=func, count=count, root=0, datatype=dtype, nChannels=1,
+                              nWarps=8, algo=b"RING", proto=b"SIMPLE")
+        handle = ctypes.c_void_p()
+        self.table.startEvent(ctx, ctypes.byref(handle), ctypes.byref(d))
+        return handle.value or 0
+
+    def start_kernel_channel(self, ctx: ctypes.c_void_p, rank: int, parent: int) -> int:
+        d = _Descr(type=EV_KERNEL_CH, parentObj=parent or None, rank=rank)
+        d.u.kernelCh = _KernelChDescr(channelId=0, pTimer=time.time_ns())
+        handle = ctypes.c_void_p()
+        self.table.startEvent(ctx, ctypes.byref(handle), ctypes.byref(d))
+        return handle.value or 0
+
+    def stop_kernel_channel(self, handle: int) -> None:
+        timer = ctypes.c_uint64(time.time_ns())
+        self.table.recordEventState(handle or None, ST_KERNEL_CH_STOP, ctypes.byref(timer))
+        self.table.stopEvent(handle or None)
+
+    def stop(self, handle: int) -> None:
+        self.table.stopEvent(handle or None)
+
+
+_profiler: _Profiler | None = None
+_profiler_tried = False
+
+
+def _plugin() -> _Profiler | None:
+    """NCCL_PROFILER_PLUGIN, loaded once per process as NCCL does (None: unset or unloadable)."""
+    global _profiler, _profiler_tried
+    if not _profiler_tried:
+        _profiler_tried = True
+        path = os.environ.get("NCCL_PROFILER_PLUGIN", "")
+        if path and path != "none":
+            try:
+                _profiler = _Profiler(path)
+            except (OSError, ValueError):
+                _profiler = None
+    return _profiler
+
+
 class NcclLikeProcessGroup(dist.ProcessGroup):
     """A process group whose ops return at enqueue and complete on a stream thread (see the module doc)."""
 
@@ -251,6 +362,9 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         self._entries: list[dict[str, Any]] = []
         self._stream = _Stream(f"nccl-like-stream-{id(self) & 0xffff:04x}")
         self._p2p_streams: dict[int, _Stream] = {}
+        self._nccl_seq = 0  # NCCL's own per-communicator count of collectives (from 0)
+        self._prof_ctx: Any = None
+        self._prof_ready = False
         with _groups_lock:
             _groups.add(self)
 
@@ -275,6 +389,34 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         return self._seq
 
     # ------------------------------------------------------------------ machinery
+    def _profiler_context(self) -> Any:
+        """The plugin's context for this communicator, created at its first collective."""
+        if not self._prof_ready:
+            self._prof_ready = True
+            prof = _plugin()
+            if prof is not None:
+                ranks = dist.get_process_group_ranks(self) if dist.is_initialized() else list(range(self.size()))
+                digest = hashlib.blake2b(f"{self.group_name}:{ranks}".encode(), digest_size=8).digest()
+                self._prof_ctx = prof.init(int.from_bytes(digest, "big"), self.size(), self.rank())
+        return self._prof_ctx
+
+    def _native_start(self, op: str, outputs: Any) -> int:
+        """NCCL's Coll event: started and stopped (enqueued) inside the issuing call."""
+        func = _NCCL_FUNCS.get(op)
+        ctx = self._profiler_context() if func else None
+        if ctx is None or _profiler is None:
+            return 0
+        first = outputs[0] if isinstance(outputs, list) and outputs else None
+        while isinstance(first, list) and first:
+            first = first[0]
+        count = int(first.numel()) if isinstance(first, torch.Tensor) else 1
+        dtype = _NCCL_TYPES.get(first.dtype, b"ncclFloat32") if isinstance(first, torch.Tensor) else b"ncclFloat32"
+        assert func is not None
+        handle = _profiler.start_coll(ctx, self.rank(), self._nccl_seq, func, count, dtype)
+        self._nccl_seq += 1
+        _profiler.stop(handle)
+        return handle
+
     def _collective(self, op: str, outputs: Any, launch: Callable[[], Any], host_blocking: bool = False,
                     sizes: Any = None) -> NcclLikeWork:
         self._seq += 1
@@ -283,13 +425,19 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         self._entries.append({"work": work, "sizes": sizes})
         if len(self._entries) > 2000:  # the Flight Recorder's ring (TORCH_FR_BUFFER_SIZE default)
             del self._entries[:1000]
+        coll = self._native_start(op, outputs)
+        ctx, rank = self._prof_ctx, self.rank()
 
         def run() -> None:
+            kch = _profiler.start_kernel_channel(ctx, rank, coll) if coll and _profiler is not None else 0
+            failure: BaseException | None = None
             try:
                 launch().wait()
-                work._finish(None)
             except BaseException as exc:
-                work._finish(exc)
+                failure = exc
+            if kch and _profiler is not None:  # the kernel ends, then its end event completes
+                _profiler.stop_kernel_channel(kch)
+            work._finish(failure)
 
         self._stream.submit(run)
         _watchdog.add(work, self, self._timeout_s)

@@ -41,7 +41,8 @@ enum {
   MC_FLAG_ABORTED = 1, /* closed by finalize while still open */
   MC_FLAG_PXN = 2,     /* proxy op issued on behalf of another process */
   MC_FLAG_ORPHAN = 4,  /* no usable parent (dropped, PXN or retired): seq unknown */
-  MC_FLAG_ENQUEUED = 8 /* coll/p2p: NCCL's stopEvent (enqueue) was seen */
+  MC_FLAG_ENQUEUED = 8, /* coll/p2p: NCCL's stopEvent (enqueue) was seen */
+  MC_FLAG_UNFINISHED = 16 /* coll/p2p: retired without the kernel channels it expected (end unknown) */
 };
 
 typedef struct {

@@ -60,6 +60,7 @@ typedef struct mc_parent { /* a Coll or P2p event */
   uint64_t count;
   int32_t root_or_peer;
   uint8_t nchannels, nwarps;
+  uint8_t expect; /* 1: a child (flow / kernel channel) must be seen before the op can be done */
   char func[14], algo[14], dtype[14], proto[6];
   uint64_t start_t; /* hot-path timestamps are clock ticks (mc_ticks); the publisher converts */
   _Atomic uint64_t stop_t;
@@ -127,6 +128,7 @@ typedef struct mc_ctx {
   mc_kch_t* kchs;
   _Atomic uint32_t* p2p_seq; /* [nranks][2]: per peer, per direction */
   _Atomic uint32_t coll_cursor, flow_cursor, kch_cursor;
+  uint32_t colls_with_children; /* publisher-only: retired collectives that had a flow / kernel channel */
   struct mc_ctx* next;
 } mc_ctx_t;
 
@@ -142,7 +144,7 @@ static struct {
   pthread_t thread;
   int thread_running;
   _Atomic uint64_t run_gen; /* the publisher runs while this equals the value it was started with */
-  uint64_t snapshot_ns, linger_ns, tick_ns, last_snapshot_ns;
+  uint64_t snapshot_ns, linger_ns, tick_ns, last_snapshot_ns, child_wait_ns;
   uint32_t pool_colls, pool_flows, pool_kchs;
   int mask;
   pid_t pid;
@@ -390,6 +392,9 @@ static void* start_parent(mc_ctx_t* ctx, int type, int rank, uint64_t seq, const
   p->root_or_peer = root_or_peer;
   p->nchannels = nch;
   p->nwarps = nwarps;
+  /* NCCL stops a Coll at enqueue; its kernel may start much later (queued behind other work
+   * on the stream), so its children can come long after the stop: see publish_ctx */
+  p->expect = ctx->nranks > 1 && (g.mask & (MC_EV_KERNEL_CH | MC_EV_PROXY_OP));
   copy_fixed(p->func, sizeof p->func, func);
   copy_fixed(p->algo, sizeof p->algo, algo);
   copy_fixed(p->dtype, sizeof p->dtype, dtype);
@@ -777,9 +782,17 @@ static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_r
       continue;
     }
     uint64_t last = ticks_to_ns(atomic_load_explicit(&p->last_activity_t, memory_order_relaxed));
-    if (st == S_STOPPED && (uint32_t)atomic_load_explicit(&p->children, memory_order_acquire) == 0 && now >= last &&
-        now - last >= g.linger_ns) {
-      emit_parent(p, done_kind, 0, off, now_real);
+    uint64_t children = atomic_load_explicit(&p->children, memory_order_acquire);
+    uint32_t seen = (uint32_t)(children >> 32);
+    int quiet = now >= last && now - last >= g.linger_ns;
+    /* a communicator whose collectives have had children waits for this one's first child
+     * (its kernel may be queued behind a long one); one that never had any retires at the
+     * linger as before (its transport or NCCL version emits no children) */
+    int waiting = p->expect && seen == 0 && ctx->colls_with_children > 0;
+    int starved = waiting && now >= last && now - last >= g.child_wait_ns;
+    if (st == S_STOPPED && (uint32_t)children == 0 && quiet && (!waiting || starved)) {
+      if (seen) ctx->colls_with_children++;
+      emit_parent(p, done_kind, starved ? MC_FLAG_UNFINISHED : 0, off, now_real);
       atomic_store_explicit(&p->state, S_FREE, memory_order_release);
     } else if (snapshot && now - ticks_to_ns(p->start_t) >= g.snapshot_ns / 2) {
       emit_parent(p, snap_kind, 0, off, now_real);
@@ -857,6 +870,9 @@ static void configure(void) {
   clock_init();
   g.snapshot_ns = env_u64("MYCROFT_NATIVE_SNAPSHOT_MS", 100, 1, 3600000) * 1000000ull;
   g.linger_ns = env_u64("MYCROFT_NATIVE_LINGER_MS", 10, 0, 60000) * 1000000ull;
+  /* a collective whose kernel channels never come (events masked off, dropped) is retired
+   * after this long, flagged unfinished; one still waiting is reported by the snapshots */
+  g.child_wait_ns = env_u64("MYCROFT_NATIVE_CHILD_WAIT_MS", 60000, 0, 86400000ull) * 1000000ull;
   /* retire finished events every few ms so the pools stay small */
   g.tick_ns = env_u64("MYCROFT_NATIVE_TICK_MS", 5, 1, 1000) * 1000000ull;
   if (g.tick_ns > g.snapshot_ns) g.tick_ns = g.snapshot_ns;

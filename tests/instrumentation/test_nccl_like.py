@@ -110,3 +110,47 @@ def test_a_rank_blocked_before_a_collective_is_the_root_cause_while_the_others_w
         assert (top["rank"], top["kind"]) == (1, "not_entered"), incident
         assert "wait_here_on_purpose" in top["evidence"].get("stack", ""), top["evidence"]
         assert incident["detected_at_unix"] - onset < 10.0
+
+
+def test_native_spans_join_the_python_trace_and_a_collective_behind_a_long_kernel_ends_after_it(
+        otlp_sink: tuple[SpanSink, int]) -> None:
+    """The NCCL profiler plugin, driven by the simulator as NCCL drives it, in a real torchrun job.
+
+    Communicators are mapped to torch groups by shape and call-window evidence (commName is
+    left empty), so each rank's nccl.collective span is a child of its own Python span.
+    """
+    from mycroft.native import library_path
+
+    sink, port = otlp_sink
+    env = instrumented_env(port, MYCROFT_HEARTBEAT_INTERVAL="0.25", MYCROFT_JOB_ID="nccl-like-native",
+                           NCCL_PROFILER_PLUGIN=str(library_path()))
+    kernel = 0.6
+    result = run_torchrun(JOB, 2, env, "--steps", "40", "--kernel-step", "30", "--kernel-seconds", str(kernel))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sink.wait_for(lambda spans: len({s.rank for s in spans if s.attributes.get(schema.ATTR_HB_FINAL)}) == 2,
+                         15)
+    spans = sink.snapshot()
+    python = {(s.trace_id, s.span_id): s for s in spans if s.kind == schema.KIND_COLLECTIVE}
+    native = [s for s in spans if s.kind == schema.KIND_NATIVE_COLL]
+    channels = [s for s in spans if s.kind == schema.KIND_NATIVE_KERNEL_CHANNEL]
+    for rank in (0, 1):
+        mine = [s for s in native if s.rank == rank]
+        assert len(mine) >= 32, f"rank {rank}: {len(mine)} native collectives"
+        for span in mine:
+            parent = python.get((span.trace_id, span.parent_span_id))
+            assert parent is not None and parent.rank == rank, span.attributes
+            assert span.attributes[schema.ATTR_SEQ] == parent.attributes[schema.ATTR_SEQ]
+            assert span.attributes[schema.ATTR_GROUP_ID] == parent.attributes[schema.ATTR_GROUP_ID]
+        ids, traces = {s.span_id for s in mine}, {s.trace_id for s in mine}
+        kernels = [c for c in channels if c.rank == rank and c.trace_id in traces]
+        assert len(kernels) >= 32 and all(c.parent_span_id in ids for c in kernels)
+        # step 30's all_reduce (seq 31) queued behind a 0.6 s kernel: it ends after it, in both views
+        behind = next(s for s in mine if s.attributes[schema.ATTR_SEQ] == 31)
+        assert (behind.end_ns - behind.start_ns) / 1e9 >= kernel - 0.05
+        py = python[(behind.trace_id, behind.parent_span_id)]
+        assert (py.end_ns - py.start_ns) / 1e9 >= kernel - 0.05 and py.attributes[schema.ATTR_CALL_S] < 0.1
+    # one trace per collective, both ranks in it
+    by_trace: dict[int, set[int]] = {}
+    for span in native:
+        by_trace.setdefault(span.trace_id, set()).add(span.rank)
+    assert sum(1 for ranks in by_trace.values() if ranks == {0, 1}) >= 30

@@ -3,7 +3,8 @@
 Each step: compute, all_reduce (returns at once), then synchronize() — the step's
 `loss.item()` / `torch.cuda.synchronize()`. One rank may stop before a step's all_reduce.
 
-Args: --steps N --late-rank R --late-step S --late-seconds X [--extra-ops] [--out DIR]
+Args: --steps N --late-rank R --late-step S --late-seconds X [--extra-ops]
+      [--kernel-step S --kernel-seconds X]
 Prints "PID <rank> <pid>", "LATE <rank>" when it starts sleeping, and per step
 "CALL <rank> <step> <seconds the all_reduce call took>".
 """
@@ -29,6 +30,8 @@ def main() -> None:
     parser.add_argument("--late-step", type=int, default=-1)
     parser.add_argument("--late-seconds", type=float, default=0.0)
     parser.add_argument("--extra-ops", action="store_true", help="also sync send/recv, barrier, async ops")
+    parser.add_argument("--kernel-step", type=int, default=-1, help="a long 'kernel' before this step's op")
+    parser.add_argument("--kernel-seconds", type=float, default=0.0)
     parser.add_argument("--size", type=int, default=1024)
     args = parser.parse_args()
     nccl_like.register()
@@ -41,6 +44,8 @@ def main() -> None:
             print(f"LATE {rank} step={step}", flush=True)
             wait_here_on_purpose(args.late_seconds)
         grad.copy_(torch.randn(args.size))
+        if step == args.kernel_step:
+            nccl_like.sleep_on_stream(args.kernel_seconds)  # plays torch.cuda._sleep: the op queues behind it
         started = time.perf_counter()
         dist.all_reduce(grad)
         print(f"CALL {rank} {step} {time.perf_counter() - started:.6f}", flush=True)

@@ -167,9 +167,9 @@ def _youngest_issue_age(job: JobState, node: wfg.Node, members: list[int], now: 
         else:
             ages = [op.age_at(now) for op in rank.inflight if op.is_p2p and op.seq == node[4]
                     and {m, op.peer} == {node[2], node[3]}]
+        if node[0] == "c" and rank.completed.get(node[1], 0) >= node[2]:
+            return 0.0  # a member completed it: the data moved; the others' completions are on the way
         if not ages:
-            if rank.completed.get(node[1], 0) >= node[-1] and node[0] == "c":
-                continue  # it already completed its part
             return 0.0
         youngest = min(youngest, max(ages))
     return 0.0 if youngest == float("inf") else youngest

@@ -257,8 +257,18 @@ class _KernelChDescr(ctypes.Structure):
     _fields_ = [("channelId", ctypes.c_uint8), ("pTimer", ctypes.c_uint64)]
 
 
+class _ProxyOpDescr(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_int32), ("channelId", ctypes.c_uint8), ("peer", ctypes.c_int),
+                ("nSteps", ctypes.c_int), ("chunkSize", ctypes.c_int), ("isSend", ctypes.c_int)]
+
+
+class _ProxyStepDescr(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int)]
+
+
 class _DescrUnion(ctypes.Union):
-    _fields_ = [("coll", _CollDescr), ("kernelCh", _KernelChDescr), ("pad", ctypes.c_uint8 * 96)]
+    _fields_ = [("coll", _CollDescr), ("kernelCh", _KernelChDescr), ("proxyOp", _ProxyOpDescr),
+                ("proxyStep", _ProxyStepDescr), ("pad", ctypes.c_uint8 * 96)]
 
 
 class _Descr(ctypes.Structure):
@@ -282,7 +292,8 @@ class _Table(ctypes.Structure):
                 ("recordEventState", _RECORD), ("finalize", _FINALIZE)]
 
 
-EV_COLL, EV_KERNEL_CH = 1 << 1, 1 << 6
+EV_COLL, EV_PROXY_OP, EV_PROXY_STEP, EV_KERNEL_CH = 1 << 1, 1 << 3, 1 << 4, 1 << 6
+ST_STEP_SEND_GPU_WAIT, ST_STEP_SEND_WAIT, ST_STEP_RECV_WAIT, ST_STEP_RECV_FLUSH_WAIT = 8, 9, 10, 11
 ST_KERNEL_CH_STOP = 22
 _NCCL_FUNCS = {"allreduce": b"AllReduce", "barrier": b"AllReduce", "broadcast": b"Broadcast", "reduce": b"Reduce",
                "allgather": b"AllGather", "_allgather_base": b"AllGather", "reduce_scatter": b"ReduceScatter",
@@ -299,6 +310,7 @@ class _Profiler:
         self._lib = ctypes.CDLL(path)
         self.table = _Table.in_dll(self._lib, "ncclProfiler_v6")
         self.mask = ctypes.c_int(0)
+        self._steps: dict[int, tuple[int, bool, int]] = {}
 
     def init(self, comm_id: int, nranks: int, rank: int) -> ctypes.c_void_p | None:
         ctx = ctypes.c_void_p()
@@ -320,6 +332,33 @@ class _Profiler:
         handle = ctypes.c_void_p()
         self.table.startEvent(ctx, ctypes.byref(handle), ctypes.byref(d))
         return handle.value or 0
+
+    def start_flow(self, ctx: ctypes.c_void_p, rank: int, parent: int, peer: int, is_send: bool, nbytes: int) -> int:
+        """A NET-transport ProxyOp on channel 0 with one step (posted; GPU-ready for a send)."""
+        d = _Descr(type=EV_PROXY_OP, parentObj=parent or None, rank=rank)
+        d.u.proxyOp = _ProxyOpDescr(pid=os.getpid(), channelId=0, peer=peer, nSteps=1, chunkSize=max(1, nbytes),
+                                    isSend=int(is_send))
+        handle = ctypes.c_void_p()
+        self.table.startEvent(ctx, ctypes.byref(handle), ctypes.byref(d))
+        if not handle.value:
+            return 0
+        step = _Descr(type=EV_PROXY_STEP, parentObj=handle.value, rank=rank)
+        step.u.proxyStep = _ProxyStepDescr(step=0)
+        step_handle = ctypes.c_void_p()
+        self.table.startEvent(ctx, ctypes.byref(step_handle), ctypes.byref(step))
+        self.table.recordEventState(step_handle.value, ST_STEP_SEND_GPU_WAIT if is_send else ST_STEP_RECV_WAIT, None)
+        self._steps[handle.value] = (step_handle.value or 0, is_send, nbytes)
+        return handle.value
+
+    def stop_flow(self, handle: int) -> None:
+        """The step transmits / arrives, then completes; then the ProxyOp stops."""
+        step, is_send, nbytes = self._steps.pop(handle, (0, True, 0))
+        size = ctypes.c_size_t(nbytes)
+        if step:
+            self.table.recordEventState(step, ST_STEP_SEND_WAIT if is_send else ST_STEP_RECV_FLUSH_WAIT,
+                                        ctypes.byref(size))
+            self.table.stopEvent(step)
+        self.table.stopEvent(handle or None)
 
     def stop_kernel_channel(self, handle: int) -> None:
         timer = ctypes.c_uint64(time.time_ns())
@@ -365,6 +404,7 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         self._nccl_seq = 0  # NCCL's own per-communicator count of collectives (from 0)
         self._prof_ctx: Any = None
         self._prof_ready = False
+        self._coll_bytes = 0
         with _groups_lock:
             _groups.add(self)
 
@@ -412,6 +452,7 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         count = int(first.numel()) if isinstance(first, torch.Tensor) else 1
         dtype = _NCCL_TYPES.get(first.dtype, b"ncclFloat32") if isinstance(first, torch.Tensor) else b"ncclFloat32"
         assert func is not None
+        self._coll_bytes = count * (first.element_size() if isinstance(first, torch.Tensor) else 4)
         handle = _profiler.start_coll(ctx, self.rank(), self._nccl_seq, func, count, dtype)
         self._nccl_seq += 1
         _profiler.stop(handle)
@@ -428,15 +469,28 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         coll = self._native_start(op, outputs)
         ctx, rank = self._prof_ctx, self.rank()
 
+        size = self.size()
+
         def run() -> None:
-            kch = _profiler.start_kernel_channel(ctx, rank, coll) if coll and _profiler is not None else 0
+            prof = _profiler if coll else None
+            kch = flows = None
+            if prof is not None:  # a ring step to each neighbour: a send and a receive flow (NET transport)
+                kch = prof.start_kernel_channel(ctx, rank, coll)
+                if size > 1:
+                    nbytes = self._coll_bytes
+                    flows = (prof.start_flow(ctx, rank, coll, (rank + 1) % size, True, nbytes),
+                             prof.start_flow(ctx, rank, coll, (rank - 1) % size, False, nbytes))
             failure: BaseException | None = None
             try:
                 launch().wait()
             except BaseException as exc:
                 failure = exc
-            if kch and _profiler is not None:  # the kernel ends, then its end event completes
-                _profiler.stop_kernel_channel(kch)
+            if prof is not None:  # the flows finish, the kernel ends, then its end event completes
+                for flow in flows or ():
+                    if flow:
+                        prof.stop_flow(flow)
+                if kch:
+                    prof.stop_kernel_channel(kch)
             work._finish(failure)
 
         self._stream.submit(run)

@@ -170,6 +170,51 @@ def test_idle_half_open_connections_cost_no_threads_and_are_closed(receiver: tup
             sock.close()
 
 
+class _EmptyBackend:
+    def list_incidents(self, limit: int, job: str | None, status: str | None, principal: object = None) -> list:
+        return []
+
+    def get_incident(self, incident_id: str) -> None:
+        return None
+
+    def jobs(self, principal: object = None) -> list:
+        return []
+
+    def health(self) -> dict:
+        return {"status": "ok"}
+
+    def metrics_text(self) -> str:
+        return ""
+
+
+def test_api_idle_connections_are_closed_too() -> None:
+    from mycroft.rca_service.api import ApiServer
+
+    api = ApiServer(_EmptyBackend(), "127.0.0.1:0", limits=LIMITS).start()
+    pid = os.getpid()
+    before = threads_of(pid)
+    socks = [socket.create_connection(("127.0.0.1", api.port), timeout=5) for _ in range(300)]
+    try:
+        for sock in socks[::2]:
+            sock.sendall(b"GET /api/v1/jobs HTTP/1.1\r\n")  # never finished
+        time.sleep(0.3)
+        assert threads_of(pid) - before < 10
+        assert raw_http(api.port, b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").status == 200
+        time.sleep(LIMITS.idle_timeout_s + 1.5)
+        closed = 0
+        for sock in socks:
+            sock.settimeout(0.5)
+            try:
+                closed += sock.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == len(socks)
+    finally:
+        for sock in socks:
+            sock.close()
+        api.stop()
+
+
 def test_connections_over_the_cap_get_a_503() -> None:
     sink = SpanSink()
     limits = HttpLimits(idle_timeout_s=5.0, max_connections=50)

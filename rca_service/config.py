@@ -42,9 +42,10 @@ class AnalysisConfig:
     slow_base_beats: int = 8  # at most
     slow_base_min_beats: int = 3  # the onset rule needs this many baseline intervals
     imbalance_beats: int = 8
-    straggle_min_growth: float = 0.06  # compute share up this much more than the others' (which fall)
+    straggle_min_growth: float = 0.10  # compute share up this much more than the others' (which fall)
+    straggle_min_slowdown: float = 1.05  # and the job completes ops at least this much slower
     straggle_persistence: float = 0.75  # in this share of the recent intervals
-    imbalance_min_excess: float = 0.04  # compute share above the same-work peers' median
+    imbalance_min_excess: float = 0.05  # compute share above the same-work peers' median
     straggle_warning_slowdown: float = 1.15  # job op rate down this much: a warning, else info
     imbalance_warning_excess: float = 0.15
     # a condition must clear for this long before its incident resolves

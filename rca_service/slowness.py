@@ -163,7 +163,8 @@ def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
     rest = [r for r in growth if r != top] if top >= 0 else []
     own = windows.get(top, next(iter(windows.values())))
     spread = growth[top] - statistics.median(growth[r] for r in rest) if rest else 0.0
-    if rest and growth[top] >= -cfg.straggle_min_growth / 3 and spread >= cfg.straggle_min_growth:
+    if rest and growth[top] >= -cfg.straggle_min_growth / 3 and spread >= cfg.straggle_min_growth \
+            and slowdown >= cfg.straggle_min_slowdown:
         base_gap = own.base - statistics.median(based[r].base for r in rest)
         gaps = _aligned_gaps(own, [based[r] for r in rest])
         persistence = _persistence([g - base_gap for g in gaps], spread / 2)

@@ -218,3 +218,52 @@ def test_incident_round_trips_its_new_fields() -> None:
     again = Incident.from_dict(incident.to_dict())
     assert (again.severity, again.severity_reason, again.consequences, again.alerted) == \
         ("info", "pause", [{"rank": 1}], True)
+
+
+def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]] | None = None, beat: float = 0.5):
+    """A job state whose ranks' heartbeats carry the given compute shares per interval."""
+    from mycroft.rca_service.state import JobState, RankState
+    from mycroft.rca_service.synthetic import Group
+
+    job = JobState("w")
+    tp = [Group("tp0", (0, 1)), Group("tp1", (2, 3))]
+    dp = [Group("dp0", (0, 2)), Group("dp1", (1, 3))]
+    world = Group("world", (0, 1, 2, 3))
+    from mycroft.rca_service.state import GroupState
+    for g in (*tp, *dp, world):
+        job.groups[g.id] = GroupState(g.id, g.name, g.ranks)
+    for r, series in shares.items():
+        rank = job.ranks[r] = RankState(rank=r)
+        comm, ops = 0.0, 0
+        rank.work.append((0.0, 0.0, 0))
+        for i, share in enumerate(series):
+            comm += beat * (1 - share)
+            ops += (ops_per_beat or {}).get(r, [10] * len(series))[i]
+            rank.work.append(((i + 1) * beat, comm, ops))
+    return job
+
+
+def test_straggler_is_the_rank_whose_compute_held_while_the_others_waited() -> None:
+    from mycroft.rca_service.slowness import find_straggle
+
+    normal = [0.7] * 10 + [0.45] * 4  # the others: same compute per step, longer steps -> they wait
+    slow = [0.7] * 10 + [0.8] * 4
+    rate = [10] * 10 + [7] * 4
+    job = _work_job({0: normal, 1: normal, 2: slow, 3: normal}, {r: rate for r in range(4)})
+    found = find_straggle(job, AnalysisConfig())
+    assert found is not None and found.rank == 2 and found.mode == "onset"
+    assert [v["rank"] for v in found.victims] and 2 not in [v["rank"] for v in found.victims]
+
+
+def test_mild_imbalance_compares_with_same_work_peers_and_pauses_are_not_slowness() -> None:
+    from mycroft.rca_service.slowness import find_straggle, peer_sets
+
+    even = [0.6] * 12
+    job = _work_job({0: even, 1: [0.68] * 12, 2: even, 3: even})
+    assert peer_sets(job)[1] == {0, 3}  # TP and DP peers, not the world group
+    found = find_straggle(job, AnalysisConfig())
+    assert found is not None and found.rank == 1 and found.mode == "imbalance"
+    # a checkpoint: rank 0 computes alone for 3 s, nobody completes anything -> no speed verdict
+    paused = _work_job({0: [0.6] * 8 + [1.0] * 6, 1: [0.6] * 8 + [0.0] * 6, 2: [0.6] * 8 + [0.0] * 6,
+                        3: [0.6] * 8 + [0.0] * 6}, {r: [10] * 8 + [0] * 6 for r in range(4)})
+    assert find_straggle(paused, AnalysisConfig()) is None

@@ -41,6 +41,12 @@ services() {
       || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus-alertmanager >/dev/null 2>&1)) \
       || echo "note: prometheus-alertmanager could not be installed; its tests will be skipped" >&2
   fi
+  # headless Chromium (Debian package) for the incident-page browser tests; optional when not root.
+  if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get install -y -q chromium >/dev/null 2>&1 \
+      || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
+      || echo "note: chromium could not be installed; the browser tests will be skipped" >&2
+  fi
 }
 
 cmd=${1:-help}

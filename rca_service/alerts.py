@@ -32,6 +32,7 @@ from typing import Any
 
 from .findings import at_least
 from .incidents import RESOLVED, Incident, rfc3339
+from .pages import root_cause_line
 from .store import Store
 
 log = logging.getLogger("mycroft.rca.alerts")
@@ -91,10 +92,14 @@ def alert_labels(incident: Incident) -> dict[str, str]:
 
 def alert_annotations(incident: Incident, external_url: str) -> dict[str, str]:
     causes = incident.root_causes
+    base = external_url.rstrip("/")
     return {
         "summary": safe_text(incident.summary, 1000),
         "description": safe_text("\n".join(str(c.get("evidence", {}).get("text", "")) for c in causes[:8]), 4000),
-        "incident_url": f"{external_url.rstrip('/')}/api/v1/incidents/{incident.id}" if external_url else "",
+        "root_cause": safe_text(root_cause_line({"root_causes": causes, "summary": incident.summary}), 500),
+        "incident_url": f"{base}/api/v1/incidents/{incident.id}" if external_url else "",
+        # the page with the wait-for graph and the timeline: what a human opens (generatorURL too)
+        "incident_page": f"{base}/incidents/{incident.id}" if external_url else "",
     }
 
 
@@ -130,7 +135,7 @@ def webhook_payload(incident: Incident, external_url: str = "", receiver: str = 
             "annotations": annotations,
             "startsAt": rfc3339(incident.detected_at),
             "endsAt": _ends_at(incident, incident.updated_at),
-            "generatorURL": annotations["incident_url"],
+            "generatorURL": annotations["incident_page"],
             "fingerprint": fingerprint(labels),
         }],
         # Mycroft's own full record (receivers that know it need not call back)
@@ -147,7 +152,7 @@ def alertmanager_alerts(incident: Incident, external_url: str, now: float) -> li
         "annotations": annotations,
         "startsAt": rfc3339(incident.detected_at),
         "endsAt": rfc3339(ends),
-        "generatorURL": annotations["incident_url"] or "http://mycroft",
+        "generatorURL": annotations["incident_page"] or "http://mycroft",
     }]
 
 

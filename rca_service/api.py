@@ -1,4 +1,5 @@
-"""HTTP API: incidents, live jobs, health, Prometheus metrics and the OpenAPI description.
+"""HTTP API: incidents, live jobs, health, Prometheus metrics and the OpenAPI description;
+and the pages made from them (pages.py): `/incidents/{id}`, `/incidents/{id}/graph.svg`, `/jobs`.
 
 Served by mycroft.http_server (bounded, timeouts, optional TLS). With an Authenticator,
 everything but /healthz needs `Authorization: Bearer` of a read or admin token (401
@@ -16,6 +17,7 @@ from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles
 from mycroft.otlp_server import split_host_port
 
+from . import pages
 from .metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from .openapi import OPENAPI
 
@@ -37,6 +39,15 @@ class Backend(Protocol):
 
 def _json(code: int, value: Any) -> Response:
     return Response(code, json.dumps(value, default=str).encode())
+
+
+# pages carry no script and load nothing from elsewhere: say so to the browser too
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:",
+                "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
+def _html(text: str) -> Response:
+    return Response(200, text.encode(), "text/html; charset=utf-8", dict(PAGE_HEADERS))
 
 
 def parse_limit(text: str | None) -> int:
@@ -95,17 +106,30 @@ class ApiHandler:
                 raise HttpError(403, f"this token may not read job {job[:64]!r}")
             return _json(200, self.backend.list_incidents(limit, job, status, principal))
         if path.startswith("/api/v1/incidents/"):
-            incident_id = path.rsplit("/", 1)[1]
-            incident = self.backend.get_incident(incident_id)
-            if incident is None:
-                raise HttpError(404, f"no incident {incident_id[:64]!r}")
-            if not principal.allows_job(str(incident.get("job", ""))):
-                raise HttpError(403, "this token may not read that incident's job")
-            return _json(200, incident)
+            return _json(200, self._incident(path.rsplit("/", 1)[1], principal))
         if path == "/api/v1/jobs":
             return _json(200, self.backend.jobs(principal))
-        raise HttpError(404, "not found; try /api/v1/incidents, /api/v1/jobs, /api/v1/openapi.json, /healthz, "
-                             "/metrics")
+        if path.startswith("/incidents/"):
+            rest = path.removeprefix("/incidents/")
+            if rest.endswith("/graph.svg"):
+                incident = self._incident(rest.removesuffix("/graph.svg"), principal)
+                return Response(200, pages.standalone_graph_svg(incident).encode(), "image/svg+xml",
+                                dict(PAGE_HEADERS))
+            if "/" not in rest:
+                return _html(pages.incident_page(self._incident(rest, principal)))
+        if path in ("/jobs", "/"):
+            return _html(pages.jobs_page(self.backend.jobs(principal),
+                                         self.backend.list_incidents(50, None, None, principal)))
+        raise HttpError(404, "not found; try /jobs, /incidents/{id}, /api/v1/incidents, /api/v1/jobs, "
+                             "/api/v1/openapi.json, /healthz, /metrics")
+
+    def _incident(self, incident_id: str, principal: Principal) -> dict[str, Any]:
+        incident = self.backend.get_incident(incident_id)
+        if incident is None:
+            raise HttpError(404, f"no incident {incident_id[:64]!r}")
+        if not principal.allows_job(str(incident.get("job", ""))):
+            raise HttpError(403, "this token may not read that incident's job")
+        return incident
 
 
 class ApiServer:

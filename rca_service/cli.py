@@ -134,6 +134,11 @@ def _analyze(args: argparse.Namespace) -> int:
         return 1
     result = replay(records, _config(args), tick_s=args.tick, until=args.at)
     incidents = [inc.to_dict() for inc in result.incidents]
+    if args.html:
+        from .pages import report_page
+
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(report_page(incidents))
     if args.format == "json":
         print(json.dumps({"spans": len(records), "jobs": sorted(result.engine.jobs), "incidents": incidents},
                          indent=2, default=str))
@@ -200,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--at", type=float, help="analyse as of this unix time (default: the last span)")
     analyze.add_argument("--tick", type=float, default=0.25, help="replay step, seconds of span time")
     analyze.add_argument("--format", choices=("text", "json"), default="text")
+    analyze.add_argument("--html", metavar="FILE",
+                         help="also write the incident page of the first root cause (graph, timeline, evidence), "
+                         "with the other incidents listed, to FILE")
     _config_args(analyze)
     return parser
 

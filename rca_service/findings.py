@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+log = logging.getLogger("mycroft.rca.findings")
 
 # incident kinds (what is wrong with the job)
 HANG = "hang"
@@ -60,6 +64,19 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     severity: str = ""  # "" = the kind's default (SEVERITY)
     severity_reason: str = ""  # why this severity, in words (a pause within budget, evidence pending, ...)
+    # the incident page's drawing (graph_view.py), made only when an incident stores the finding:
+    # most passes re-find a known condition and need no drawing
+    draw: Callable[[], dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    def drawing(self) -> dict[str, Any]:
+        """The drawing, or {} (a drawing that fails must never cost the verdict)."""
+        if self.draw is None:
+            return {}
+        try:
+            return self.draw()
+        except Exception:
+            log.exception("drawing the %s finding of job %s failed", self.kind, self.job)
+            return {}
 
     def __post_init__(self) -> None:
         if not self.severity:

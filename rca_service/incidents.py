@@ -49,6 +49,7 @@ class Incident:
     consequences: list[dict[str, Any]] = field(default_factory=list)  # later events it explains
     consequence_of: str | None = None  # id of the earlier incident that explains this one
     alerted: bool = False  # a firing alert went out (so its resolution goes out too)
+    view: dict[str, Any] = field(default_factory=dict)  # the page's drawing (graph_view.py)
 
     def __post_init__(self) -> None:
         if not self.severity:
@@ -74,6 +75,7 @@ class Incident:
             "resolved_at_unix": self.resolved_at,
             "summary": self.summary, "root_causes": self.root_causes,
             "wait_for_graph": self.graph, "evidence": self.evidence, "updates": self.updates,
+            "view": self.view,
         }
 
     @classmethod
@@ -88,6 +90,7 @@ class Incident:
             severity=str(d.get("severity") or ""), severity_reason=str(d.get("severity_reason") or ""),
             critical_at=d.get("critical_at_unix"), consequences=list(d.get("consequences") or []),
             consequence_of=d.get("consequence_of"), alerted=bool(d.get("alerted", False)),
+            view=dict(d.get("view") or {}),
         )
 
 
@@ -159,7 +162,8 @@ class IncidentTracker:
                     id=uuid.uuid4().hex[:16], job=job, kind=finding.kind, status=FIRING, detected_at=now,
                     summary=finding.summary, root_causes=causes, graph=finding.graph,
                     evidence=finding.evidence, updated_at=now, root_cause_at=now if causes else None,
-                    last_seen_at=now, severity=finding.severity, severity_reason=finding.severity_reason)
+                    last_seen_at=now, severity=finding.severity, severity_reason=finding.severity_reason,
+                    view=finding.drawing())
                 cause = self._cause_of(job, causes, now, incident.key)
                 if cause is not None:
                     incident.consequence_of = cause.id
@@ -209,6 +213,7 @@ class IncidentTracker:
             current.summary = finding.summary
             current.graph = finding.graph
             current.evidence = finding.evidence
+            current.view = finding.drawing() or current.view
             if current.root_cause_at is None:
                 current.root_cause_at = now
             changed = True

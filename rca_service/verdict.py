@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from . import graph as wfg
+from . import graph_view
 from . import pauses as pauses_mod
 from .config import AnalysisConfig
 from .findings import (
@@ -246,7 +247,9 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
     if pause is not None:
         evidence["pause"] = pause
         text += f" - {pause['why']}"
-    return Finding(job.job_id, kind, text, causes, summary, evidence, severity, reason)
+    finding = Finding(job.job_id, kind, text, causes, summary, evidence, severity, reason)
+    finding.draw = lambda: graph_view.hang_view(wf, found, job, [rc.to_dict() for rc in causes], now, now - oldest)
+    return finding
 
 
 def _hang_severity(job: JobState, causes: list[RootCause], now: float,
@@ -376,8 +379,11 @@ def _straggle_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
                 "persistence": round(found.persistence, 3), "job_slowdown": round(found.slowdown, 3),
                 "peers": found.peers[:32], "waiting_on_it": found.victims}
     summary = f"job slowed down x{found.slowdown:.2f}: {text}" if found.mode == "onset" else text
-    return Finding(job.job_id, SLOWDOWN, summary, [RootCause(found.rank, RC_STRAGGLER, evidence)], {},
-                   {"mode": found.mode, "job_slowdown": round(found.slowdown, 3)}, severity, reason)
+    finding = Finding(job.job_id, SLOWDOWN, summary, [RootCause(found.rank, RC_STRAGGLER, evidence)], {},
+                      {"mode": found.mode, "job_slowdown": round(found.slowdown, 3)}, severity, reason)
+    waiting = [int(v["rank"]) for v in found.victims if isinstance(v.get("rank"), int)]  # type: ignore[call-overload]
+    finding.draw = lambda: graph_view.slow_view(job, found.rank, [*waiting, *found.peers], job.last_seen)
+    return finding
 
 
 def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
@@ -412,7 +418,10 @@ def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
             causes.append(RootCause(None, RC_COMMUNICATION, evidence))
     top = found[0]
     text = f"job slowed down x{top.ratio:.1f}: " + causes[0].evidence["text"]
-    return Finding(job.job_id, SLOWDOWN, text, causes, {}, {"groups": [s.as_evidence() for s in found[:8]]})
+    finding = Finding(job.job_id, SLOWDOWN, text, causes, {}, {"groups": [s.as_evidence() for s in found[:8]]})
+    culprit = causes[0].rank
+    finding.draw = lambda: graph_view.slow_view(job, culprit, [], job.last_seen)
+    return finding
 
 
 def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:

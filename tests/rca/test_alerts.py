@@ -44,7 +44,9 @@ def test_webhook_payload_is_alertmanager_v4() -> None:
     assert alert["labels"]["root_cause_ranks"] == "5"
     assert alert["startsAt"] == "2023-11-14T22:13:20.000Z"
     assert alert["endsAt"] == "0001-01-01T00:00:00Z"
-    assert alert["generatorURL"].endswith(f"/api/v1/incidents/{incident.id}")
+    assert alert["generatorURL"] == f"http://rca:8080/incidents/{incident.id}"  # the page a human opens
+    assert alert["annotations"]["incident_url"] == f"http://rca:8080/api/v1/incidents/{incident.id}"
+    assert alert["annotations"]["root_cause"].startswith("rank 5 (")
     assert body["groupLabels"] == {"mycroft_job": "job-a", "kind": "hang"}
     assert "rank 5 sleeps" in alert["annotations"]["description"]
 

@@ -184,6 +184,16 @@ def test_api_roles_and_job_scoping(secured: RcaService) -> None:
     assert sorted(i["job"] for i in everything) == ["gpt-x", "llama-y"]  # admin: any job, whatever its patterns
     other = next(i for i in everything if i["job"] == "gpt-x")
     assert http(f"{api}/api/v1/incidents/{other['id']}", headers=_bearer("read-llama"))[0] == 403
+    # the pages obey the same roles and job patterns as the JSON they are made from
+    mine_id = next(i for i in everything if i["job"] == "llama-y")["id"]
+    for path in ("/jobs", f"/incidents/{mine_id}", f"/incidents/{mine_id}/graph.svg"):
+        assert http(api + path)[0] == 401, path
+        assert http(api + path, headers=_bearer("ingest-all"))[0] == 403, path
+        assert http(api + path, headers=_bearer("read-llama"))[0] == 200, path
+    for path in (f"/incidents/{other['id']}", f"/incidents/{other['id']}/graph.svg"):
+        assert http(api + path, headers=_bearer("read-llama"))[0] == 403, path
+    jobs_page = http(f"{api}/jobs", headers=_bearer("read-llama"))[1].decode()
+    assert "llama-y" in jobs_page and "gpt-x" not in jobs_page
     assert http(f"{api}/api/v1/incidents?job=gpt-x", headers=_bearer("read-llama"))[0] == 403
     assert http(f"{api}/api/v1/incidents?job=llama-y", headers=_bearer("read-llama"))[0] == 200
     assert http(f"{api}/api/v1/incidents", b"{}", {**_bearer("admin"), "Content-Type": "application/json"},

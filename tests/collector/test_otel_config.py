@@ -162,7 +162,7 @@ def test_rotel_env_is_what_mycroft_collector_run_starts() -> None:
 def test_compose_file_wires_the_services() -> None:
     compose = _load(CONFIG / "compose" / "docker-compose.yaml")
     services = compose["services"]
-    assert set(services) == {"otelcol", "jaeger", "tempo", "grafana"}
+    assert set(services) == {"otelcol", "jaeger", "tempo", "grafana", "prometheus", "alertmanager"}
     for service in services.values():
         for volume in service.get("volumes", []):
             source = volume.split(":", 1)[0]
@@ -177,4 +177,4 @@ def test_compose_file_wires_the_services() -> None:
     assert _port(tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]) == 4317
     datasources = {d["type"]: d["url"] for d in _load(CONFIG / "compose" / "grafana-datasources.yaml")["datasources"]}
     assert datasources == {"tempo": f"http://tempo:{tempo['server']['http_listen_port']}",
-                           "jaeger": "http://jaeger:16686"}
+                           "jaeger": "http://jaeger:16686", "prometheus": "http://prometheus:9090"}

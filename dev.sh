@@ -20,7 +20,7 @@ setup() {
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     .venv/bin/python -m pip install -q "$TORCH_PIN"
-    .venv/bin/python -m pip install -q -e ".[collector,dev]"
+    .venv/bin/python -m pip install -q -e ".[collector,dev,analysis]"
     echo "$want" > "$stamp"
   fi
   # native NCCL profiler plugin (C): rebuilt only when its sources change (make), or built

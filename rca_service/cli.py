@@ -134,6 +134,15 @@ def _analyze(args: argparse.Namespace) -> int:
         return 1
     result = replay(records, _config(args), tick_s=args.tick, until=args.at)
     incidents = [inc.to_dict() for inc in result.incidents]
+    if args.export:
+        try:
+            from . import frames
+        except ImportError:
+            print("mycroft rca analyze: --export needs pandas: pip install 'mycroft-tracing[analysis]'",
+                  file=sys.stderr)
+            return 1
+        for path in frames.from_records(records).export(args.export):
+            print(f"wrote {path}", file=sys.stderr)
     if args.html:
         from .pages import report_page
 
@@ -205,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--at", type=float, help="analyse as of this unix time (default: the last span)")
     analyze.add_argument("--tick", type=float, default=0.25, help="replay step, seconds of span time")
     analyze.add_argument("--format", choices=("text", "json"), default="text")
+    analyze.add_argument("--export", metavar="DIR",
+                         help="also write the recording as tables (collectives, ranks, heartbeats, groups: CSV) "
+                         "into DIR; needs pandas (the 'analysis' extra)")
     analyze.add_argument("--html", metavar="FILE",
                          help="also write the incident page of the first root cause (graph, timeline, evidence), "
                          "with the other incidents listed, to FILE")

@@ -95,7 +95,8 @@ def peer_sets(job: JobState) -> dict[int, set[int]]:
     A group that strictly contains another group of the job (the world group of a 3D job)
     mixes pipeline stages; TP and DP groups do not.
     """
-    groups = [frozenset(g.ranks) for g in job.groups.values() if len(g.ranks) >= 2]
+    # groups that ran collectives (pipeline p2p groups span stages: their members do different work)
+    groups = [frozenset(g.ranks) for g in job.groups.values() if len(g.ranks) >= 2 and g.seqs]
     minimal = [g for g in set(groups) if not any(o < g for o in groups)]
     peers: dict[int, set[int]] = defaultdict(set)
     for members in minimal:
@@ -145,6 +146,22 @@ def _aligned_gaps(own: WorkWindow, others: list[WorkWindow]) -> list[float]:
 
 def _persistence(values: list[float], floor: float) -> float:
     return sum(v > floor for v in values) / len(values) if values else 0.0
+
+
+def job_wait_growth(job: JobState, cfg: AnalysisConfig) -> tuple[float, float] | None:
+    """(median drop of the ranks' compute share, op-rate slowdown) over the recent window, if known.
+
+    A transport slowdown makes every rank wait more; without that, slower intervals between a
+    group's collectives are noise (small ops after an evaluation phase, say).
+    """
+    windows = [w for rank in job.ranks.values() if (w := work_window(rank, cfg, cfg.slow_recent_beats)) is not None
+               and not math.isnan(w.base)]
+    if len(windows) < 2:
+        return None
+    drop = statistics.median(w.base - w.recent for w in windows)
+    recent_rate = statistics.median(w.recent_rate for w in windows)
+    base_rate = statistics.median(w.base_rate for w in windows)
+    return drop, (base_rate / recent_rate if recent_rate > 0 else 1.0)
 
 
 def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:

@@ -36,7 +36,7 @@ from .findings import (
     Finding,
     RootCause,
 )
-from .slowness import find_straggle
+from .slowness import find_straggle, job_wait_growth
 from .state import JobState
 from .triggers import (
     ALIVE,
@@ -394,6 +394,10 @@ def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
     # order is all there is; with them, a slowdown no rank's compute explains is the transport's
     has_work = any(rank.work for rank in job.ranks.values())
     found = [s for s in find_slowdowns(job, cfg) if not has_work or s.straggler is None]
+    if has_work and found:
+        waits = job_wait_growth(job, cfg)
+        if waits is None or waits[0] < cfg.comm_min_wait_growth or waits[1] < cfg.slow_ratio ** 0.5:
+            return None  # the ranks do not wait more, or the job is not slower: not the transport
     if not found:
         return None
     found.sort(key=lambda s: (s.straggler is None, -s.last_share, -s.ratio))

@@ -229,9 +229,9 @@ def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]]
     tp = [Group("tp0", (0, 1)), Group("tp1", (2, 3))]
     dp = [Group("dp0", (0, 2)), Group("dp1", (1, 3))]
     world = Group("world", (0, 1, 2, 3))
-    from mycroft.rca_service.state import GroupState
+    from mycroft.rca_service.state import GroupState, SeqRecord
     for g in (*tp, *dp, world):
-        job.groups[g.id] = GroupState(g.id, g.name, g.ranks)
+        job.groups[g.id] = GroupState(g.id, g.name, g.ranks, seqs={1: SeqRecord()})  # groups that ran collectives
     for r, series in shares.items():
         rank = job.ranks[r] = RankState(rank=r)
         comm, ops = 0.0, 0
@@ -246,9 +246,9 @@ def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]]
 def test_straggler_is_the_rank_whose_compute_held_while_the_others_waited() -> None:
     from mycroft.rca_service.slowness import find_straggle
 
-    normal = [0.7] * 10 + [0.45] * 4  # the others: same compute per step, longer steps -> they wait
-    slow = [0.7] * 10 + [0.8] * 4
-    rate = [10] * 10 + [7] * 4
+    normal = [0.7] * 10 + [0.45] * 6  # the others: same compute per step, longer steps -> they wait
+    slow = [0.7] * 10 + [0.8] * 6
+    rate = [10] * 10 + [7] * 6
     job = _work_job({0: normal, 1: normal, 2: slow, 3: normal}, {r: rate for r in range(4)})
     found = find_straggle(job, AnalysisConfig())
     assert found is not None and found.rank == 2 and found.mode == "onset"

@@ -43,8 +43,11 @@ def family(name: str) -> str:
 
 
 def _group_name(job: JobState, gid: str) -> str:
+    """What people call the group: its description ("tp0") where torch has one, else its name."""
     group = job.groups.get(gid)
-    return group.name if group is not None and group.name else gid
+    if group is None:
+        return gid
+    return group.desc or group.name or gid
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -150,12 +153,17 @@ def hang_view(wf: wfg.WaitForGraph, found: list[wfg.Sink], job: JobState, causes
         drawn[n] = nid_or_none
         agg = nodes[int(nid_or_none[1:])]
         agg["count"] += 1
+        agg.setdefault("first", n)
         if n[0] == "r":
             members.setdefault(nid_or_none, []).append(n[1])
         else:
             agg.setdefault("seqs", set()).add(n[-1])
-    for agg in nodes:
+    for i, agg in enumerate(nodes):
+        if agg["type"] in ("ranks", "ops", "p2ps") and agg["count"] == 1:  # an aggregate of one: the node itself
+            nodes[i] = _node(job, agg["first"], agg["id"], agg["dist"], False, root_ranks, kinds, op_name)
+            continue
         if agg["type"] in ("ranks", "ops", "p2ps"):
+            agg.pop("first", None)
             ranks = sorted(members.get(agg["id"], []))
             seqs = sorted(agg.pop("seqs", set()))
             if agg["type"] == "ranks":

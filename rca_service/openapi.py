@@ -48,6 +48,8 @@ OPENAPI: dict[str, Any] = {
                     "detected_at": {"type": "string"},
                     "root_causes": {"type": "array", "items": {"type": "object"}},
                     "wait_for_graph": {"type": "object"},
+                    "view": {"type": "object", "description": "the page's drawing: condensed wait-for graph "
+                             "(nodes, edges, chains) and timeline, or per-rank compute / arrival series"},
                 },
             },
             "Job": {
@@ -110,6 +112,29 @@ OPENAPI: dict[str, Any] = {
                 "parameters": [{"name": "incident_id", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "the incident", "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/Incident"}}}}, **_errors(400, 404, *_AUTH_ERRORS)},
+            }
+        },
+        "/incidents/{incident_id}": {
+            "get": {
+                "summary": "The incident page: root cause, evidence, wait-for graph and timeline (static HTML + SVG)",
+                "parameters": [{"name": "incident_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the page", "content": {"text/html": {"schema": {
+                    "type": "string"}}}}, **_errors(400, 404, *_AUTH_ERRORS)},
+            }
+        },
+        "/incidents/{incident_id}/graph.svg": {
+            "get": {
+                "summary": "The incident's wait-for graph alone",
+                "parameters": [{"name": "incident_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "the drawing", "content": {"image/svg+xml": {"schema": {
+                    "type": "string"}}}}, **_errors(400, 404, *_AUTH_ERRORS)},
+            }
+        },
+        "/jobs": {
+            "get": {
+                "summary": "Page: live jobs with their ranks' status, and recent incidents linked",
+                "responses": {"200": {"description": "the page", "content": {"text/html": {"schema": {
+                    "type": "string"}}}}, **_errors(400, *_AUTH_ERRORS)},
             }
         },
         "/api/v1/jobs": {

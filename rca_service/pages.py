@@ -146,7 +146,7 @@ def hang_timeline_svg(timeline: dict[str, Any], width: int = 1180) -> str:
     lo = min([*starts, -1.0])
     lo = max(lo, now - 60.0 if now > 0 else lo)  # at most a minute before now
     hi = max(now, 0.0) + 0.05 * max(now - lo, 1.0)
-    left, right = 150, 230
+    left, right = 200, 230
     plot = width - left - right
     lane_h = 13
 
@@ -182,6 +182,11 @@ def hang_timeline_svg(timeline: dict[str, Any], width: int = 1180) -> str:
                 out.append(f'<rect class="op done" fill="{color}" x="{x0:.1f}" y="{gy:.0f}" width="{w:.1f}" '
                            f'height="10"><title>{esc(o["group"])} seq {int(o["seq"])}: {float(o["start"]):+.3f}s '
                            f'to {float(o["end"]):+.3f}s</title></rect>')
+        idle = row.get("idle_s")
+        if role == "root" and idle:  # how long it has been outside communication: the gap that stands out
+            x0 = x(now - float(idle))
+            out.append(f'<rect class="idle" x="{x0:.1f}" y="{y:.0f}" width="{max(2.0, x(now) - x0):.1f}" '
+                       f'height="10"><title>outside communication for {float(idle):.1f}s</title></rect>')
         missing = row.get("missing") or []
         if missing:
             text = "not issued: " + ", ".join(f'{m["group"]} seq {m["seq"]}' for m in missing[:3])
@@ -267,6 +272,7 @@ _SVG_STYLE = f"""
 .rowlabel {{ font-weight: bold; fill: #222; }} .lane {{ fill: #666; font-size: 10px; }}
 .op.inflight {{ fill: {WAIT}; opacity: 0.55; stroke: {WAIT}; }}
 .missing {{ fill: {ROOT}; font-weight: bold; }}
+.idle {{ fill: none; stroke: {ROOT}; stroke-width: 1.5; stroke-dasharray: 5 3; }}
 .onset {{ stroke: {ROOT}; stroke-dasharray: 4 3; }} .now {{ stroke: #333; stroke-dasharray: 2 2; }}
 .axisline {{ stroke: #999; }} .title {{ font-weight: bold; fill: #222; }}
 .series {{ fill: none; stroke: #9aa5b1; stroke-width: 1.2; opacity: 0.8; }}
@@ -373,7 +379,8 @@ def incident_page(incident: dict[str, Any], api_base: str = "") -> str:
                     "does; ranks waiting in the same op are drawn as one box; the root cause is red</div>")
         body.append(f'<div class="scroll" id="graph">{graph_svg(view)}</div>')
         body.append("<h2>Timeline around the onset</h2><div class=\"muted\">per rank and group: completed ops "
-                    "(bars), ops in flight (orange, to detection), ops it never issued (red)</div>")
+                    "(bars), ops in flight (orange, to detection), the root cause's time outside communication (dashed "
+                    "red) and the ops it never issued</div>")
         body.append(f'<div class="scroll" id="timeline">{hang_timeline_svg(view.get("timeline") or {})}</div>')
     elif view.get("kind") == "slowdown":
         body.append("<h2>Compute and arrival over time</h2><div class=\"muted\">the root cause in red, the ranks "

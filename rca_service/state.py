@@ -110,6 +110,7 @@ class GroupState:
     group_id: str
     name: str = ""
     ranks: tuple[int, ...] = ()
+    desc: str = ""  # the group's description (torch group_desc, e.g. "tp0"), from its op spans
     seqs: dict[int, SeqRecord] = field(default_factory=dict)
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
 
@@ -319,6 +320,8 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
                    cfg)
     if group is None or seq <= 0:
         return
+    if not group.desc:
+        group.desc = str(a.get(schema.ATTR_GROUP_DESC, ""))[:64]
     _advance(rank.issued, gid, seq)
     rec = _seq_record(group, seq, cfg)
     rec.sigs[rank.rank] = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))

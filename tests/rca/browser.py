@@ -34,7 +34,8 @@ class Visit:
     screenshot: Path | None = None
 
 
-async def _visit(ws_url: str, url: str, expression: str, screenshot: Path | None, timeout_s: float) -> Visit:
+async def _visit(ws_url: str, url: str, expression: str, screenshot: Path | None, timeout_s: float,
+                 height: int, scale: float = 1.0) -> Visit:
     errors: list[str] = []
     ids = iter(range(1, 1_000_000))
     pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -73,7 +74,8 @@ async def _visit(ws_url: str, url: str, expression: str, screenshot: Path | None
         try:
             for domain in ("Page", "Runtime", "Log"):
                 await call(f"{domain}.enable")
-            await call("Emulation.setDeviceMetricsOverride", width=1280, height=800, deviceScaleFactor=1, mobile=False)
+            await call("Emulation.setDeviceMetricsOverride", width=1280, height=height, deviceScaleFactor=1,
+                       mobile=False)
             nav = await call("Page.navigate", url=url)
             if nav.get("errorText"):
                 errors.append(f"navigate: {nav['errorText']}")
@@ -84,7 +86,8 @@ async def _visit(ws_url: str, url: str, expression: str, screenshot: Path | None
             value = result.get("result", {}).get("value")
             shot = None
             if screenshot is not None:
-                png = await call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
+                png = await call("Page.captureScreenshot", format="png", captureBeyondViewport=False,
+                                 clip={"x": 0, "y": 0, "width": 1280, "height": height, "scale": scale})
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
                 screenshot.write_bytes(base64.b64decode(png["data"]))
                 shot = screenshot
@@ -123,8 +126,10 @@ class Browser:
             targets = json.loads(r.read())
         return str(next(t for t in targets if t.get("type") == "page")["webSocketDebuggerUrl"])
 
-    def visit(self, url: str, expression: str, screenshot: Path | None = None) -> Visit:
-        return asyncio.run(_visit(self._page_ws(), url, expression, screenshot, self.timeout_s))
+    def visit(self, url: str, expression: str, screenshot: Path | None = None, height: int = 800,
+              scale: float = 1.0) -> Visit:
+        """Load `url` in a 1280 x `height` viewport, evaluate `expression`, optionally screenshot (scaled)."""
+        return asyncio.run(_visit(self._page_ws(), url, expression, screenshot, self.timeout_s, height, scale))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -138,3 +143,23 @@ class Browser:
 
 
 ARTEFACTS = Path(os.environ.get("MYCROFT_TEST_ARTEFACTS", Path(__file__).resolve().parents[2] / "test-artefacts"))
+
+
+def main() -> None:
+    """Screenshot a saved page: the README's picture is
+    `python -m tests.rca.browser test-artefacts/incident-chain.html docs/img/incident-page.png 1180 0.7`."""
+    import sys
+
+    page, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+    height = int(sys.argv[3]) if len(sys.argv) > 3 else 800
+    scale = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
+    browser = Browser()
+    try:
+        visit = browser.visit(page.as_uri(), "1", out, height, scale)
+    finally:
+        browser.close()
+    print(out, "errors:", visit.errors)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@ straggler's slowdown page: the compute / arrival timeline with the culprit's ser
 from __future__ import annotations
 
 import random
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,8 +74,11 @@ def test_chain_hang_page_draws_the_root_cause_and_the_chain(rca: Any, browser: B
     incident = max((i for i in rca.incidents(result.job) if i["kind"] == "hang"), key=lambda i: i["updates"])
     culprit = incident["root_causes"][0]["rank"]
     assert culprit == result.rank
-    visit = browser.visit(f"{rca.api}/incidents/{incident['id']}", GRAPH_DOM, ARTEFACTS / "incident-chain.png")
+    page = f"{rca.api}/incidents/{incident['id']}"
+    visit = browser.visit(page, GRAPH_DOM, ARTEFACTS / "incident-chain.png")
     dom = visit.value
+    with urllib.request.urlopen(page, timeout=10) as response:  # kept next to the screenshot
+        (ARTEFACTS / "incident-chain.html").write_bytes(response.read())
     assert visit.errors == [], visit.errors
     assert {"type": "rank", "rank": str(culprit)} in dom["roots"], dom
     # the chain crosses two groups: e.g. rank 3 -> [p2p 1->3] -> rank 1 -> [TP all_reduce] -> rank 0
@@ -85,6 +89,8 @@ def test_chain_hang_page_draws_the_root_cause_and_the_chain(rca: Any, browser: B
     assert f"rank {culprit}" in dom["rootLine"]
     assert dom["width"] <= 1280, dom  # readable at 1280x800 without scrolling sideways
     assert visit.screenshot is not None and visit.screenshot.stat().st_size > 10_000
+    jobs = browser.visit(f"{rca.api}/jobs", "Array.from(document.querySelectorAll('h2.job')).map(h => h.dataset.job)")
+    assert jobs.errors == [] and result.job in jobs.value, jobs
 
 
 def test_straggler_page_draws_the_compute_timeline(rca: Any, browser: Browser) -> None:

@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mycroft.demo", "run the end-to-end demo: traced multi-rank job, injected fault, RCA verdict"),
     "rca": ("mycroft.rca_service.cli", "root cause analysis service: serve | analyze"),
     "inject": ("mycroft.faults.inject", "launch an instrumented job, inject a fault, score the incident"),
+    "simulate": ("mycroft.faults.simulate", "a big simulated job over OTLP against the RCA service, one JSON line"),
     "processor": ("mycroft.collector_processor.cli", "standalone OTLP processor service: serve"),
     "collector": ("mycroft.collector_processor.cli_collector", "embedded collector (rotel + processor): run"),
     "native": ("mycroft.native.cli", "NCCL profiler plugin: path | build | dump PID"),

@@ -282,6 +282,17 @@ def rank_span_id(trace_id: int, rank: int, salt: str = "") -> int:
     return int.from_bytes(_digest("span", trace_id, rank, salt)[:8], "big") or 1
 
 
+def keep_trace(trace_id: int, ratio: float) -> bool:
+    """Head sampling by trace id, the rule of OTel's TraceIdRatioBased sampler (low 64 bits
+    below ratio * 2^64). Collective trace ids are the same on every rank, so every rank
+    keeps or drops the same collectives: a kept collective is whole."""
+    if ratio >= 1.0:
+        return True
+    if ratio <= 0.0:
+        return False
+    return (trace_id & 0xFFFF_FFFF_FFFF_FFFF) < int(ratio * (1 << 64))
+
+
 def encode_ranks(ranks: Iterable[int]) -> str:
     """Compact, human-readable member list: "0-7", "0-14/2", "3,5,9-11".
 

@@ -1,0 +1,356 @@
+"""A big simulated job on the real path: N ranks' heartbeats (and op spans) over OTLP/gRPC.
+
+The RCA service cannot be tested at 16,384 ranks with real processes on one machine, so
+this module simulates the ranks, not the wire: every span is built by the
+instrumentation's own encoders (`instrumentation.spans.heartbeat_attributes`,
+`heartbeat_span`, `op_span`, from the same GroupInfo / OpRecord objects a rank holds)
+and serialized with the project's OTLP encoder. To send 16k heartbeats a second from
+Python, a rank's heartbeat is spliced from parts: the attributes that never change for
+a rank (its groups) are serialized once, the ones that change are serialized once per
+tick per *situation* (healthy, waiting, holding) and appended — protobuf merges
+concatenated messages (repeated fields append, last scalar wins), so the bytes decode to
+exactly what the encoders built for that rank (tests/rca/test_bigjob.py checks it).
+
+Layout: TP x PP x DP with groups tp<i>, dp<i> and the world group. Each rank completes
+`ops_per_s` collectives a second (TP most, a DP and a world all-reduce per step).
+Fault "block": at `fault_at` one rank stops before its next TP collective; its TP peers
+wait in it, and everyone else waits in the next world all-reduce behind them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from mycroft import __version__, schema
+from mycroft.instrumentation.groups import GroupInfo
+from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
+from mycroft.otlp import AttrValue, SpanRecord, _kvs, _span_to_proto
+
+HEALTHY = "healthy"
+HOLDER = "holder"  # the rank that did not enter its TP collective
+TP_WAITER = "tp_waiter"  # its TP peers, waiting in that collective
+WORLD_WAITER = "world_waiter"  # everyone else, waiting in the next world all-reduce
+
+STACK = 'File "train.py", line 88, in train_step\n  File "model.py", line 212, in fused_attention'
+#: attributes that never change for a rank: serialized once per rank
+STATIC_KEYS = (schema.ATTR_RANK, schema.ATTR_HB_GROUP_IDS, schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_SIZES,
+               schema.ATTR_HB_GROUP_RANKS)
+#: per rank and situation (which group the op in flight is in)
+RANK_KEYS = (schema.ATTR_HB_INFLIGHT_GROUP_IDS,)
+#: per rank and beat: real ranks never report the same ages / comm time to the microsecond
+JITTER_KEYS = (schema.ATTR_HB_INFLIGHT_AGES_S, schema.ATTR_HB_COMM_S)
+
+
+def jitter_ns(rank: int) -> int:
+    """A rank's own offset (under 1 ms) in when it issued its op and how long it communicated."""
+    return (rank * 7919 % 997) * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    world: int
+    tp: int = 8
+    pp: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp)
+
+    def tp_ranks(self, rank: int) -> tuple[int, ...]:
+        base = rank - rank % self.tp
+        return tuple(range(base, base + self.tp))
+
+    def dp_ranks(self, rank: int) -> tuple[int, ...]:
+        stride = self.tp * self.pp
+        return tuple(range(rank % stride, self.world, stride))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _attrs_bytes(attrs: dict[str, AttrValue]) -> bytes:
+    """Span attributes (field 9) serialized on their own: appendable to any Span's bytes."""
+    return Span(attributes=_kvs(attrs)).SerializeToString()
+
+
+@dataclass
+class Clock:
+    """The job's frontier: seqs completed per group kind, advanced once per tick."""
+
+    ops_per_s: int
+    tp: int = 0
+    dp: int = 0
+    world: int = 0
+    ops_done: int = 0
+
+    def advance(self) -> None:
+        n = max(1, self.ops_per_s)
+        self.tp += max(1, n - 2)
+        if n >= 2:
+            self.dp += 1
+        if n >= 3:
+            self.world += 1
+        self.ops_done += n
+
+
+@dataclass
+class BigJob:
+    """N simulated ranks of one job; builds OTLP request bytes for any slice of them."""
+
+    job_id: str
+    layout: Layout
+    ops_per_s: int = 10
+    interval_s: float = 1.0
+    fault_rank: int = -1
+    fault_at: float = 0.0  # unix time; 0: no fault
+    run_id: str = "bigjob.0"
+    clock: Clock = field(init=False)
+    groups: dict[int, list[GroupInfo]] = field(init=False, default_factory=dict)
+    world_group: GroupInfo = field(init=False)
+    _rank_bytes: dict[int, tuple[bytes, bytes, bytes]] = field(init=False, default_factory=dict)
+    _op_base: dict[tuple[int, int], bytes] = field(init=False, default_factory=dict)
+    _frozen: Clock | None = field(init=False, default=None)
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        self.clock = Clock(self.ops_per_s)
+        self._ids: dict[str, tuple[str, str]] = {}
+        world = tuple(range(self.layout.world))
+        self.world_group = self._info("world", world, 0)
+
+    # ------------------------------------------------------------------ groups, as a rank holds them
+    def _info(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo:
+        known = self._ids.get(name)
+        if known is None:
+            known = self._ids[name] = (schema.group_id(name, ranks), schema.encode_ranks(ranks))
+        return GroupInfo(gid=known[0], name=name, desc=name, ranks=ranks, ranks_text=known[1],
+                         group_rank=ranks.index(rank) if rank in ranks else 0, backend="nccl", pg=None,
+                         has_counter=False)
+
+    def rank_groups(self, rank: int) -> list[GroupInfo]:
+        found = self.groups.get(rank)
+        if found is None:
+            tp = self.layout.tp_ranks(rank)
+            dp = self.layout.dp_ranks(rank)
+            found = self.groups[rank] = [
+                self._info(f"tp{rank // self.layout.tp}", tp, rank),
+                self._info(f"dp{rank % (self.layout.tp * self.layout.pp)}", dp, rank),
+                GroupInfo(**{**{k: getattr(self.world_group, k) for k in GroupInfo.__slots__},
+                             "group_rank": rank}),
+            ]
+        return found
+
+    # ------------------------------------------------------------------ situations
+    def situation(self, rank: int, now: float) -> str:
+        if not self.fault_at or now < self.fault_at or self.fault_rank < 0:
+            return HEALTHY
+        if rank == self.fault_rank:
+            return HOLDER
+        if rank in self.layout.tp_ranks(self.fault_rank):
+            return TP_WAITER
+        return WORLD_WAITER
+
+    def tick(self, now: float) -> None:
+        """One heartbeat interval passed: the frontier moves (unless the job hangs)."""
+        self.counter += 1
+        if self.fault_at and now >= self.fault_at:
+            if self._frozen is None:  # the ops in flight at the last healthy beat completed; then it stops
+                self.clock.advance()
+                self._frozen = Clock(self.clock.ops_per_s, self.clock.tp, self.clock.dp, self.clock.world,
+                                     self.clock.ops_done)
+            return
+        self.clock.advance()
+
+    def record(self, rank: int, now: float) -> SpanRecord:
+        """The rank's heartbeat as the instrumentation builds it (spans.py + runtime.py's extras)."""
+        clock = self._frozen or self.clock
+        groups = self.rank_groups(rank)
+        tp, dp, world = groups
+        kind = self.situation(rank, now)
+        stalled = now - self.fault_at if kind != HEALTHY else 0.0
+        tp.issued, tp.completed = clock.tp, clock.tp
+        dp.issued, dp.completed = clock.dp, clock.dp
+        world.issued, world.completed = clock.world, clock.world
+        now_ns = int(now * 1e9)
+        inflight: list[OpRecord] = []
+        if kind in (HEALTHY, TP_WAITER):
+            op = OpRecord("all_reduce", schema.OP_ALL_REDUCE, tp, clock.tp + 1, self._op_start(rank, kind, now))
+            tp.issued = op.seq
+            inflight.append(op)
+        elif kind == WORLD_WAITER:
+            op = OpRecord("all_reduce", schema.OP_ALL_REDUCE, world, clock.world + 1, self._op_start(rank, kind, now))
+            world.issued = op.seq
+            inflight.append(op)
+        for op in inflight:
+            op.bytes, op.dtype = 1 << 20, "float32"
+        idle_s = stalled if kind == HOLDER else 0.0
+        attributes = heartbeat_attributes(groups, inflight, now_ns, idle_s)
+        attributes[schema.ATTR_HB_DROPPED] = 0
+        attributes[schema.ATTR_HB_COMM_S] = self._comm_s(rank, kind, now)
+        attributes[schema.ATTR_HB_OPS_DONE] = clock.ops_done
+        if kind == HOLDER and idle_s >= 0.5:
+            attributes[schema.ATTR_HB_STACK] = STACK
+        start_ns = now_ns - int(self.interval_s * 1e9)
+        return heartbeat_span(rank, self.counter, self.interval_s, start_ns, now_ns, attributes, _RNG)
+
+    def _stalled(self, kind: str, now: float) -> float:
+        return now - self.fault_at if kind != HEALTHY else 0.0
+
+    def _op_start(self, rank: int, kind: str, now: float) -> int:
+        return int(now * 1e9) - int((self._stalled(kind, now) or 0.004) * 1e9) - jitter_ns(rank)
+
+    def _comm_s(self, rank: int, kind: str, now: float) -> float:
+        waited = self._stalled(kind, now) if kind != HOLDER else 0.0
+        return round(0.4 * self.counter * self.interval_s + waited + jitter_ns(rank) / 1e9, 6)
+
+    def _jitter_bytes(self, rank: int, kind: str, now: float) -> bytes:
+        """The rank's own ages and comm time, computed as heartbeat_attributes() computes them."""
+        ages = [round(max(0, int(now * 1e9) - self._op_start(rank, kind, now)) / 1e9, 4)] if kind != HOLDER else []
+        return _attrs_bytes({schema.ATTR_HB_INFLIGHT_AGES_S: ages,
+                             schema.ATTR_HB_COMM_S: self._comm_s(rank, kind, now)})
+
+    # ------------------------------------------------------------------ wire
+    def resource(self, rank: int) -> dict[str, AttrValue]:
+        return {
+            schema.RES_SERVICE_NAME: self.job_id, schema.RES_JOB_ID: self.job_id, schema.RES_RUN_ID: self.run_id,
+            schema.RES_RANK: rank, schema.RES_WORLD_SIZE: self.layout.world, schema.RES_LOCAL_RANK: rank % 8,
+            schema.RES_HOST_NAME: f"node{rank // 8:05d}", schema.RES_PROCESS_PID: 10_000 + rank % 50_000,
+            schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
+        }
+
+    def prepare(self, rank: int) -> tuple[bytes, bytes, bytes]:
+        """(ResourceSpans' resource field + scope, the heartbeat's per-rank static span bytes)."""
+        found = self._rank_bytes.get(rank)
+        if found is None:
+            resource = _field(1, Resource(attributes=_kvs(self.resource(rank))).SerializeToString())
+            scope = _field(1, InstrumentationScope(name=schema.INSTRUMENTATION_SCOPE,
+                                                   version=__version__).SerializeToString())
+            full = self.record(rank, 0.0).attributes
+            static = _attrs_bytes({k: full[k] for k in STATIC_KEYS})
+            found = self._rank_bytes[rank] = (resource + b"\x12", scope, static)
+        return found
+
+    def heartbeat_bytes(self, ranks: Sequence[int], now: float) -> bytes:
+        """One ExportTraceServiceRequest holding one heartbeat of each rank (spliced, see module doc)."""
+        shared: dict[str, bytes] = {}
+        per_rank: dict[tuple[str, str], bytes] = {}
+        out = []
+        for rank in ranks:
+            resource_tag, scope, static = self.prepare(rank)
+            kind = self.situation(rank, now)
+            body = shared.get(kind)
+            if body is None:
+                record = self.record(rank, now)
+                span = _span_to_proto(SpanRecord(record.trace_id, record.span_id, record.name, record.start_ns,
+                                                 record.end_ns, {k: v for k, v in record.attributes.items()
+                                                                 if k not in STATIC_KEYS and k not in RANK_KEYS
+                                                                 and k not in JITTER_KEYS},
+                                                 status_code=record.status_code))
+                body = shared[kind] = span.SerializeToString()
+            gid = self._inflight_gid(rank, kind)
+            key = (kind, gid)
+            own = per_rank.get(key)
+            if own is None:
+                own = per_rank[key] = _attrs_bytes({schema.ATTR_HB_INFLIGHT_GROUP_IDS: [gid] if gid else []})
+            ids = b"\x0a\x10" + os.urandom(16) + b"\x12\x08" + os.urandom(8)
+            span_bytes = body + static + own + self._jitter_bytes(rank, kind, now) + ids
+            scope_spans = scope + _field(2, span_bytes)
+            rs = resource_tag + _varint(len(scope_spans)) + scope_spans
+            out.append(_field(1, rs))
+        return b"".join(out)
+
+    def _inflight_gid(self, rank: int, kind: str) -> str:
+        tp, _, world = self.rank_groups(rank)
+        if kind in (HEALTHY, TP_WAITER):
+            return tp.gid
+        if kind == WORLD_WAITER:
+            return world.gid
+        return ""
+
+    def op_span_bytes(self, ranks: Sequence[int], now: float, keep: float = 1.0) -> tuple[bytes, int]:
+        """The op spans the ranks finished in the last interval (none while hung), head-sampled
+        by trace id at rate `keep` (schema.keep_trace: every rank keeps the same collectives).
+        Returns (request bytes, spans in it)."""
+        if self.fault_at and now >= self.fault_at:
+            return b"", 0
+        clock = self.clock
+        n = max(1, self.ops_per_s)
+        step_ns = int(self.interval_s * 1e9 / n)
+        start = int(now * 1e9) - int(self.interval_s * 1e9)
+        plan: list[tuple[int, int]] = []  # (group index, seq) of the interval's ops, in order
+        tp_ops = max(1, n - 2)
+        plan += [(0, clock.tp - tp_ops + 1 + i) for i in range(tp_ops)]
+        if n >= 2:
+            plan.append((1, clock.dp))
+        if n >= 3:
+            plan.append((2, clock.world))
+        out = []
+        count = 0
+        traces: dict[tuple[str, int], int] = {}
+        seqs: dict[int, bytes] = {}
+        for rank in ranks:
+            groups = self.rank_groups(rank)
+            resource_tag, scope, _ = self.prepare(rank)
+            spans = []
+            for i, (g, seq) in enumerate(plan):
+                info = groups[g]
+                trace = traces.get((info.gid, seq))
+                if trace is None:
+                    trace = traces[(info.gid, seq)] = schema.collective_trace_id(self.job_id, info.gid, seq)
+                if keep < 1.0 and not schema.keep_trace(trace, keep):
+                    continue
+                begin = start + i * step_ns
+                ids = (b"\x0a\x10" + trace.to_bytes(16, "big") + b"\x12\x08"
+                       + schema.rank_span_id(trace, rank).to_bytes(8, "big")
+                       + b"\x39" + struct.pack("<Q", begin) + b"\x41" + struct.pack("<Q", begin + step_ns // 2))
+                seq_kv = seqs.get(seq)
+                if seq_kv is None:
+                    seq_kv = seqs[seq] = _attrs_bytes({schema.ATTR_SEQ: seq})
+                spans.append(_field(2, self._op_base_bytes(rank, g) + ids + seq_kv))
+            if spans:
+                count += len(spans)
+                scope_spans = scope + b"".join(spans)
+                out.append(_field(1, resource_tag + _varint(len(scope_spans)) + scope_spans))
+        return b"".join(out), count
+
+    def op_record(self, rank: int, g: int, seq: int, start_ns: int, end_ns: int) -> SpanRecord:
+        """One op span exactly as the instrumentation builds it (op_span of a completed OpRecord)."""
+        op = OpRecord("all_reduce", schema.OP_ALL_REDUCE, self.rank_groups(rank)[g], seq, start_ns)
+        op.end_ns = end_ns
+        op.bytes, op.dtype, op.state = 1 << 20, "float32", schema.STATE_COMPLETED
+        return op_span(op, self.job_id, rank)
+
+    def _op_base_bytes(self, rank: int, g: int) -> bytes:
+        """An op span of (rank, group) without its seq; ids, times and seq are appended per op."""
+        found = self._op_base.get((rank, g))
+        if found is None:
+            record = self.op_record(rank, g, 1, 0, 0)
+            record.attributes.pop(schema.ATTR_SEQ)
+            found = self._op_base[(rank, g)] = _span_to_proto(record).SerializeToString()
+        return found
+
+
+_RNG = random.Random(11)

@@ -1,0 +1,289 @@
+"""`mycroft simulate`: a big simulated job (bigjob.py) against a real `mycroft rca serve` over OTLP/gRPC.
+
+    mycroft simulate --ranks 16384 --tp 8 --ops 10 --op-spans 0 --fault block --seconds 20
+
+Starts the RCA service as its own process (or uses --endpoint/--api of a running one),
+runs sender processes that each own a slice of the ranks and send one heartbeat per rank
+per interval (plus op spans when --op-spans > 0: the share of collectives kept by
+trace-id head sampling), injects the fault, and prints one JSON line: verdict, right or
+wrong, detection / root-cause latency, the service's CPU, RSS and analysis pass times,
+spans offered / applied / dropped, bytes per rank per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, out: Any) -> None:
+    """One sender process: its ranks' heartbeats (and sampled op spans) every interval."""
+    import grpc
+
+    from mycroft.faults.bigjob import BigJob, Layout
+
+    job = BigJob(params["job"], Layout(params["world"], params["tp"], params["pp"]), params["ops"],
+                 params["interval"], params["fault_rank"], params["fault_at"])
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
+    export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+    stats = {"hb": 0, "hb_bytes": 0, "hb_refused": 0, "hb_lost": 0, "ops": 0, "op_bytes": 0, "op_refused": 0,
+             "build_s": 0.0, "late_ticks": 0}
+    batch = params["batch"]
+    for rank in ranks:  # templates built before the clock starts
+        job.prepare(rank)
+    start, interval = params["start"], params["interval"]
+    k = 0
+    while True:
+        nominal = start + k * interval
+        if nominal >= params["end"]:
+            break
+        wait = nominal + offset - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        elif wait < -interval:
+            stats["late_ticks"] += 1
+        job.tick(nominal)
+        now = nominal + offset
+        for i in range(0, len(ranks), batch):
+            part = ranks[i:i + batch]
+            t0 = time.perf_counter()
+            payload = job.heartbeat_bytes(part, now)
+            stats["build_s"] += time.perf_counter() - t0
+            stats["hb"] += len(part)
+            stats["hb_bytes"] += len(payload)
+            for attempt in range(3):  # OTLP exporters retry RESOURCE_EXHAUSTED with backoff
+                try:
+                    export(payload, timeout=10)
+                    break
+                except grpc.RpcError:
+                    stats["hb_refused"] += 1
+                    if attempt == 2:
+                        stats["hb_lost"] += len(part)
+                    else:
+                        time.sleep(0.05 * (attempt + 1))
+        if params["op_keep"] > 0:
+            for i in range(0, len(ranks), max(1, batch // 8)):
+                t0 = time.perf_counter()
+                payload, count = job.op_span_bytes(ranks[i:i + max(1, batch // 8)], now, params["op_keep"])
+                stats["build_s"] += time.perf_counter() - t0
+                if not count:
+                    continue
+                stats["ops"] += count
+                stats["op_bytes"] += len(payload)
+                try:
+                    export(payload, timeout=10)
+                except grpc.RpcError:
+                    stats["op_refused"] += count  # op spans are shed, not retried
+        k += 1
+    channel.close()
+    out.put(stats)
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return bytes(response.read())
+
+
+def _metrics(api: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        text = _get(api + "/metrics").decode()
+    except Exception:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _metric(values: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in values.items() if k == prefix or k.startswith(prefix + "{"))
+
+
+def _proc(pid: int) -> tuple[float, float]:
+    """(CPU seconds, RSS MB) of a process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/status") as f:
+            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+        return cpu, rss
+    except (OSError, StopIteration, IndexError, ValueError):
+        return 0.0, 0.0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from mycroft.faults.bigjob import Layout
+
+    layout = Layout(args.ranks, args.tp, args.pp)
+    fault_rank = args.fault_rank if args.fault_rank >= 0 else layout.world // 2 + 3
+    job_id = f"bigjob-{args.ranks}-{os.getpid()}-{int(time.time())}"
+    tmp = tempfile.mkdtemp(prefix="mycroft-sim-")
+    service: subprocess.Popen[bytes] | None = None
+    if args.endpoint:
+        grpc_port = int(args.endpoint.rsplit(":", 1)[1])
+        api = args.api.rstrip("/")
+    else:
+        grpc_port, http_port = _free_port(), _free_port()
+        api = f"http://127.0.0.1:{http_port}"
+        cmd = [sys.executable, "-m", "mycroft.cli", "rca", "serve", "--otlp-grpc", f"127.0.0.1:{grpc_port}",
+               "--otlp-http", "", "--http", f"127.0.0.1:{http_port}", "--db", os.path.join(tmp, "rca.db")]
+        with open(os.path.join(tmp, "rca.log"), "wb") as log_file:  # the child keeps its own descriptor
+            service = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                _get(api + "/healthz", 1.0)
+                break
+            except Exception:
+                time.sleep(0.2)
+    start = time.time() + args.setup_s
+    fault_at = start + args.warmup * args.interval if args.fault != "none" else 0.0
+    end = start + args.seconds
+    params = {"job": job_id, "world": args.ranks, "tp": args.tp, "pp": args.pp, "ops": args.ops,
+              "interval": args.interval, "fault_rank": fault_rank, "fault_at": fault_at, "start": start,
+              "end": end, "batch": args.batch, "op_keep": args.op_spans}
+    ranks = list(range(args.ranks))
+    n = max(1, args.senders)
+    ctx = mp.get_context("spawn")
+    queue: Any = ctx.Queue()
+    procs = [ctx.Process(target=_sender, args=(grpc_port, params, ranks[i::n], args.interval * i / n, queue))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    pid = service.pid if service is not None else 0
+    samples: list[dict[str, float]] = []
+    incidents: dict[str, dict[str, Any]] = {}
+    cpu0 = (0.0, 0.0)
+    rss_max = 0.0
+    while time.time() < end + args.tail_s:
+        time.sleep(0.25)
+        now = time.time()
+        if now < start:
+            continue
+        if pid:
+            cpu, rss = _proc(pid)
+            rss_max = max(rss_max, rss)
+            if not cpu0[1] and now >= start + args.warmup_cpu_s:
+                cpu0 = (cpu, now)
+        if len(samples) < 1 or now - samples[-1]["at"] >= 1.0:
+            m = _metrics(api)
+            m["at"] = now
+            samples.append(m)
+        try:
+            listed = json.loads(_get(f"{api}/api/v1/incidents?job={job_id}&limit=20", 5.0))
+        except Exception:
+            listed = []
+        for inc in listed:
+            incidents.setdefault(inc["id"], {"kind": inc["kind"], "detected": inc["detected_at_unix"],
+                                             "severity": inc["severity"], "seen_at": now})
+            record = incidents[inc["id"]]
+            record["root_causes"] = [(c.get("kind"), c.get("rank")) for c in inc.get("root_causes", [])][:4]
+            record["root_cause_at"] = inc.get("root_cause_at_unix")
+            record["n_root_causes"] = len(inc.get("root_causes", []))
+    cpu1 = _proc(pid) if pid else (0.0, 0.0)
+    cpu_window = (time.time(), cpu1[0])
+    results = [queue.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join(timeout=10)
+    if service is not None:
+        service.terminate()
+        try:
+            service.wait(10)
+        except subprocess.TimeoutExpired:
+            service.kill()
+    total = {key: sum(r[key] for r in results) for key in results[0]}
+    last = samples[-1] if samples else {}
+    passes = [s.get("mycroft_rca_analysis_seconds", 0.0) for s in samples if s.get("at", 0) >= start]
+    queued = [s.get("mycroft_rca_queued_spans", 0.0) for s in samples]
+    duration = end - start
+    first = sorted(incidents.values(), key=lambda i: i["detected"])
+    before = [i for i in first if i["detected"] < fault_at] if fault_at else first
+    after = [i for i in first if not fault_at or i["detected"] >= fault_at]
+    verdict = after[0] if after else None
+    right = bool(verdict and verdict["root_causes"] and verdict["root_causes"][0][1] == fault_rank
+                 and verdict["kind"] == "hang")
+    out: dict[str, Any] = {
+        "ranks": args.ranks, "tp": args.tp, "ops_per_rank_s": args.ops, "op_spans_kept": args.op_spans,
+        "fault": args.fault, "fault_rank": fault_rank,
+        "offered_spans_s": round((total["hb"] + total["ops"]) / duration),
+        "offered_heartbeats_s": round(total["hb"] / duration),
+        "applied_spans_s": round(_metric(last, "mycroft_rca_spans_applied_total") / duration),
+        "dropped_spans": int(_metric(last, "mycroft_rca_spans_dropped_total")),
+        "heartbeats_lost": total["hb_lost"], "heartbeat_requests_refused": total["hb_refused"],
+        "op_spans_refused": total["op_refused"], "queued_max": int(max(queued, default=0)),
+        "service_cpu_pct": round(100 * (cpu_window[1] - cpu0[0]) / max(1e-9, cpu_window[0] - cpu0[1]), 1)
+        if cpu0[1] else None,
+        "service_rss_mb": round(rss_max), "analysis_s_p50": round(statistics.median(passes), 3) if passes else None,
+        "analysis_s_max": round(max(passes), 3) if passes else None,
+        "verdict": verdict["kind"] if verdict else None,
+        "verdict_root_causes": verdict["root_causes"] if verdict else None,
+        "right": right,
+        "detected_s": round(verdict["detected"] - fault_at, 2) if verdict and fault_at else None,
+        "root_cause_s": round((verdict.get("root_cause_at") or verdict["detected"]) - fault_at, 2)
+        if verdict and fault_at else None,
+        "false_incidents_before_fault": len(before) if fault_at else len(first),
+        "heartbeat_bytes_per_rank_s": round(total["hb_bytes"] / args.ranks / duration, 1),
+        "op_bytes_per_rank_s": round(total["op_bytes"] / args.ranks / duration, 1),
+        "sender_build_s": round(total["build_s"], 2), "sender_late_ticks": total["late_ticks"],
+    }
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mycroft simulate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=1024)
+    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--ops", type=int, default=10, help="collectives per rank per second the job runs")
+    p.add_argument("--op-spans", type=float, default=0.0,
+                   help="share of collectives whose op spans are sent (trace-id head sampling; 0: none)")
+    p.add_argument("--fault", choices=("block", "none"), default="block")
+    p.add_argument("--fault-rank", type=int, default=-1)
+    p.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, seconds")
+    p.add_argument("--warmup", type=int, default=6, help="heartbeat intervals before the fault")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of the run from the first heartbeat")
+    p.add_argument("--tail-s", type=float, default=1.0)
+    p.add_argument("--setup-s", type=float, default=4.0, help="time the senders get to build their templates")
+    p.add_argument("--warmup-cpu-s", type=float, default=2.0)
+    p.add_argument("--senders", type=int, default=2)
+    p.add_argument("--batch", type=int, default=512, help="heartbeats per OTLP request (an agent's batch)")
+    p.add_argument("--endpoint", help="OTLP/gRPC HOST:PORT of a running RCA service (default: start one)")
+    p.add_argument("--api", default="http://127.0.0.1:8080", help="its API base URL (with --endpoint)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.ranks % (args.tp * args.pp):
+        raise SystemExit("--ranks must be a multiple of --tp x --pp")
+    print(json.dumps(run(args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

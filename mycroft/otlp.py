@@ -131,43 +131,31 @@ class DecodeCache:
 
     def __init__(self, max_entries: int = 1 << 17) -> None:
         self.max_entries = max_entries
-        self.values: dict[bytes, AttrValue] = {}
+        self.values: dict[bytes, tuple[str, AttrValue]] = {}
         self.resources: dict[bytes, dict[str, AttrValue]] = {}
-        self.hits = 0
         self.misses = 0
 
-    def value(self, value: AnyValue) -> AttrValue:
-        raw = value.SerializeToString()
-        found = self.values.get(raw)
-        if found is None:
-            self.misses += 1
-            if len(self.values) >= self.max_entries:
-                self.values.clear()
-            found = self.values[raw] = _from_any(value)
-        else:
-            self.hits += 1
-        return found
-
     def attrs(self, kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
+        """Like _attrs; a key-value pair seen before (same bytes) costs one serialization and a lookup."""
         if len(kvs) > MAX_ATTRIBUTES:
             kvs = kvs[:MAX_ATTRIBUTES]
         out: dict[str, AttrValue] = {}
+        values = self.values
         for kv in kvs:
-            value = kv.value
-            which = value.WhichOneof("value")
-            if which == "int_value":
-                out[kv.key] = value.int_value
-            elif which == "string_value":
-                text = value.string_value
-                out[kv.key] = text if len(text) <= MAX_STRING_CHARS else text[:MAX_STRING_CHARS]
-            elif which == "double_value":
-                out[kv.key] = value.double_value
-            elif which == "bool_value":
-                out[kv.key] = value.bool_value
-            elif which is None:
-                out[kv.key] = ""
-            else:
-                out[kv.key] = self.value(value)
+            raw = kv.SerializeToString()
+            hit = values.get(raw)
+            if hit is not None:
+                out[hit[0]] = hit[1]
+                continue
+            self.misses += 1
+            key, value = kv.key, _from_any(kv.value)
+            out[key] = value
+            # floats (ages, durations) rarely repeat: caching them would only churn the table
+            if not isinstance(value, float) and not (isinstance(value, list) and value
+                                                     and isinstance(value[0], float)):
+                if len(values) >= self.max_entries:
+                    values.clear()
+                values[raw] = (key, value)
         return out
 
     def resource(self, resource: Resource) -> dict[str, AttrValue]:

@@ -18,11 +18,13 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles, decode_content
 from mycroft.otlp import (
+    DecodeCache,
     OtlpDecodeError,
     SpanRecord,
     decode_json,
@@ -35,7 +37,7 @@ from mycroft.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 _bad_input = RateLimitedLog(log, every_s=10.0)
 
-Sink = Callable[[list[SpanRecord]], None]
+Sink = Callable[[list[SpanRecord]], "int | None"]  # returns how many spans it shed (OTLP partial success)
 RequestSink = Callable[[trace_service_pb2.ExportTraceServiceRequest], None]
 RejectHook = Callable[[str, int], None]
 
@@ -59,6 +61,16 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"expected HOST:PORT, got {address!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def partial_success(shed: int) -> trace_service_pb2.ExportTraceServiceResponse:
+    """The OTLP answer to a request the sink took only part of (shed > 0): the client must not retry it."""
+    response = trace_service_pb2.ExportTraceServiceResponse()
+    if shed:
+        response.partial_success.rejected_spans = shed
+        response.partial_success.error_message = (f"{shed} non-heartbeat spans shed under load; "
+                                                  "heartbeats were accepted")
+    return response
 
 
 def _noop_reject(reason: str, spans: int) -> None:
@@ -125,13 +137,12 @@ def bind_grpc(server: grpc.Server, address: str, tls: TlsFiles | None) -> int:
     return int(bound)
 
 
-def trace_service_handler(export: Callable[[bytes, grpc.ServicerContext], None]) -> grpc.GenericRpcHandler:
+def trace_service_handler(export: Callable[[bytes, grpc.ServicerContext], bytes | None]) -> grpc.GenericRpcHandler:
     """TraceService/Export taking the raw request bytes, so undecodable input is ours to answer
     (INVALID_ARGUMENT) instead of grpc's INTERNAL "Exception deserializing request!" traceback."""
 
     def handle(payload: bytes, context: grpc.ServicerContext) -> bytes:
-        export(payload, context)
-        return b""  # an empty ExportTraceServiceResponse
+        return export(payload, context) or b""  # b"": an empty ExportTraceServiceResponse
 
     method = grpc.unary_unary_rpc_method_handler(handle, request_deserializer=None, response_serializer=None)
     return grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": method})
@@ -180,8 +191,10 @@ class OtlpReceiver:
     def __init__(self, sink: Sink, grpc_address: str | None, http_address: str | None,
                  max_workers: int = 8, *, auth: Authenticator | None = None, tls: TlsFiles | None = None,
                  limits: HttpLimits | None = None, on_reject: RejectHook | None = None,
-                 grpc_request_sink: RequestSink | None = None, max_concurrent_rpcs: int = 64) -> None:
+                 grpc_request_sink: RequestSink | None = None, max_concurrent_rpcs: int = 64,
+                 decode_cache: DecodeCache | None = None) -> None:
         self._sink = sink
+        self._cache = decode_cache  # repeated arrays / resources decoded once (the sink treats values as read-only)
         self._request_sink = grpc_request_sink
         self._auth = auth
         self._reject = on_reject or _noop_reject
@@ -219,11 +232,12 @@ class OtlpReceiver:
             self._http_server.stop(min(grace, 0.5))
 
     # ------------------------------------------------------------------ gRPC
-    def _export_grpc(self, payload: bytes, context: grpc.ServicerContext) -> None:
+    def _export_grpc(self, payload: bytes, context: grpc.ServicerContext) -> bytes | None:
         principal = grpc_principal(context, self._auth, self._reject)
         request = parse_grpc_request(payload, context, self._reject)
         gate = _JobGate(principal)
         refused = 0
+        shed: int | None = 0
         if not principal.all_jobs:
             refused = filter_request_jobs(request, gate)
         try:
@@ -231,17 +245,18 @@ class OtlpReceiver:
                 self._request_sink(request)
             else:
                 try:
-                    records = records_from_request(request)
+                    records = records_from_request(request, self._cache)
                 except OtlpDecodeError as exc:
                     self._reject(REJECT_UNDECODABLE, 0)
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
                 if records:
-                    self._sink(records)
+                    shed = self._sink(records)
         except OverflowError as exc:  # sinks raise it when they shed load
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         if refused:
             self._reject(REJECT_FORBIDDEN_JOB, refused)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, _refused_message(refused, gate.refused_jobs))
+        return partial_success(shed).SerializeToString() if shed else None
 
     # ------------------------------------------------------------------ HTTP
     def _http_head(self, request: Request) -> Principal:
@@ -273,7 +288,7 @@ class OtlpReceiver:
             if content_type == JSON_TYPE:
                 records = decode_json(body, max_depth=self.limits.json_max_depth)
             else:
-                records = decode_protobuf(body)
+                records = decode_protobuf(body, self._cache)
         except HttpError as exc:
             self._reject(REJECT_TOO_LARGE if exc.status == 413 else REJECT_UNDECODABLE, 0)
             raise
@@ -284,9 +299,10 @@ class OtlpReceiver:
         gate = _JobGate(principal)
         allowed = gate.filter(records)
         refused = len(records) - len(allowed)
+        shed: int | None = 0
         if allowed:
             try:
-                self._sink(allowed)
+                shed = self._sink(allowed)
             except OverflowError as exc:
                 raise HttpError(429, str(exc), {"Retry-After": "1"}) from exc
         if refused:
@@ -294,7 +310,7 @@ class OtlpReceiver:
             body_out: dict[str, Any] = {"error": _refused_message(refused, gate.refused_jobs),
                                         "accepted_spans": len(allowed), "rejected_spans": refused}
             return Response(403, json.dumps(body_out).encode())
+        answer = partial_success(shed or 0)
         if content_type == JSON_TYPE:
-            return Response(200, b"{}")
-        return Response(200, trace_service_pb2.ExportTraceServiceResponse().SerializeToString(),
-                        "application/x-protobuf")
+            return Response(200, json.dumps(json_format.MessageToDict(answer)).encode() if shed else b"{}")
+        return Response(200, answer.SerializeToString(), "application/x-protobuf")

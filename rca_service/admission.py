@@ -16,6 +16,7 @@ it, and `job_key` which JobState it belongs to:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from mycroft import schema
@@ -56,8 +57,14 @@ def world_of(record: SpanRecord) -> int:
 def _bad_ranks(text: Any, limit: int, cfg: AnalysisConfig) -> bool:
     if not isinstance(text, str) or not text:
         return False
+    return _bad_ranks_text(text, limit, cfg.max_ranks_per_job)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _bad_ranks_text(text: str, limit: int, max_ranks: int) -> bool:
+    """Memoized: every heartbeat of every rank repeats its groups' member strings."""
     try:
-        schema.count_ranks(text, limit, cfg.max_ranks_per_job)
+        schema.count_ranks(text, limit, max_ranks)
     except ValueError:
         return True
     return False

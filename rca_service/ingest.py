@@ -1,9 +1,15 @@
 """Ingest edge: a bounded queue between the OTLP receiver and the engine, and the tee.
 
 The receiver's threads only enqueue; one worker folds batches into the engine, so
-analysis sees a consistent state. When the queue is full the sink raises
-OverflowError, which the receiver turns into 429 / RESOURCE_EXHAUSTED (OTLP clients
-retry): memory stays bounded under floods and nothing is silently lost.
+analysis sees a consistent state. Heartbeats have their own queue and the worker always
+folds them first: the live verdicts run on them, so a flood of op spans can delay or
+shed op spans, never heartbeats. When the span queue is full, the op spans of a request
+are shed (counted, reason "shed_for_heartbeats") and its heartbeats still go in; only
+when the heartbeat queue is full too does the sink raise OverflowError, which the
+receiver turns into 429 / RESOURCE_EXHAUSTED (OTLP clients retry). Memory stays bounded.
+
+`horizon()` is the receive time of the oldest record not folded yet: the analysis runs
+as of then, so a backlog delays verdicts instead of making ranks look silent.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+from mycroft import schema
 from mycroft.otlp import SpanRecord, request_from_records
 from mycroft.otlp_server import split_host_port
 
@@ -26,38 +33,71 @@ from .metrics import Metrics
 log = logging.getLogger("mycroft.rca.ingest")
 
 
+def _is_heartbeat(record: SpanRecord) -> bool:
+    return record.attributes.get(schema.ATTR_SPAN_KIND) == schema.KIND_HEARTBEAT
+
+
 class IngestQueue:
     def __init__(self, apply: Callable[[list[SpanRecord], float], None], metrics: Metrics,
-                 max_spans: int = 500_000, tee: Callable[[list[SpanRecord]], None] | None = None) -> None:
+                 max_spans: int = 500_000, tee: Callable[[list[SpanRecord]], None] | None = None,
+                 max_heartbeats: int | None = None) -> None:
         self._apply = apply
         self._metrics = metrics
         self._max_spans = max_spans
+        self._max_heartbeats = max_heartbeats if max_heartbeats is not None else max_spans
         self._tee = tee
+        self._beats: deque[tuple[list[SpanRecord], float]] = deque()  # folded first
         self._queue: deque[tuple[list[SpanRecord], float]] = deque()
-        self._queued = 0
+        self._queued_beats = 0
+        self._queued_spans = 0
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
 
     @property
     def queued(self) -> int:
-        return self._queued
+        return self._queued_beats + self._queued_spans
 
-    def sink(self, records: list[SpanRecord]) -> None:
-        """Called by the OTLP receiver threads."""
-        now = time.time()
+    @property
+    def queued_heartbeats(self) -> int:
+        return self._queued_beats
+
+    def horizon(self) -> float | None:
+        """Receive time of the oldest record still queued (None: everything received is folded)."""
         with self._cond:
-            if self._queued + len(records) > self._max_spans:
+            heads = [q[0][1] for q in (self._beats, self._queue) if q]
+        return min(heads) if heads else None
+
+    def sink(self, records: list[SpanRecord]) -> int:
+        """Called by the OTLP receiver threads; returns how many spans were shed (heartbeats: never)."""
+        now = time.time()
+        beats = [r for r in records if _is_heartbeat(r)]
+        spans = [r for r in records if not _is_heartbeat(r)] if len(beats) != len(records) else []
+        shed = 0
+        with self._cond:
+            if self._queued_beats + len(beats) > self._max_heartbeats:
                 self._metrics.inc("mycroft_rca_spans_dropped_total", len(records), reason="queue_full")
-                raise OverflowError(f"RCA ingest queue full ({self._queued} spans queued); retry later")
-            self._queue.append((records, now))
-            self._queued += len(records)
+                raise OverflowError(f"RCA ingest queue full ({self.queued} spans queued); retry later")
+            if spans and self._queued_spans + len(spans) > self._max_spans:
+                if not beats:
+                    self._metrics.inc("mycroft_rca_spans_dropped_total", len(spans), reason="queue_full")
+                    raise OverflowError(f"RCA ingest queue full ({self.queued} spans queued); retry later")
+                shed, spans = len(spans), []  # the heartbeats of this request still go in
+            if beats:
+                self._beats.append((beats, now))
+                self._queued_beats += len(beats)
+            if spans:
+                self._queue.append((spans, now))
+                self._queued_spans += len(spans)
             self._cond.notify()
-        self._metrics.inc("mycroft_rca_spans_received_total", len(records))
+        if shed:
+            self._metrics.inc("mycroft_rca_spans_dropped_total", shed, reason="shed_for_heartbeats")
+        self._metrics.inc("mycroft_rca_spans_received_total", len(records) - shed)
         self._metrics.inc("mycroft_rca_export_requests_total")
-        self._metrics.note_ingest(now, len(records))
+        self._metrics.note_ingest(now, len(records) - shed)
         if self._tee is not None:
             self._tee(records)
+        return shed
 
     def start(self) -> IngestQueue:
         self._thread = threading.Thread(target=self._run, name="mycroft-rca-ingest", daemon=True)
@@ -67,12 +107,16 @@ class IngestQueue:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop:
+                while not self._beats and not self._queue and not self._stop:
                     self._cond.wait(0.5)
-                if self._stop and not self._queue:
+                if self._stop and not self._beats and not self._queue:
                     return
-                batch, received_at = self._queue.popleft()
-                self._queued -= len(batch)
+                if self._beats:
+                    batch, received_at = self._beats.popleft()
+                    self._queued_beats -= len(batch)
+                else:
+                    batch, received_at = self._queue.popleft()
+                    self._queued_spans -= len(batch)
             try:
                 self._apply(batch, received_at)
             except Exception:  # one bad batch must not stop ingest
@@ -81,9 +125,9 @@ class IngestQueue:
 
     def drain(self, timeout_s: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout_s
-        while self._queued and time.monotonic() < deadline:
+        while self.queued and time.monotonic() < deadline:
             time.sleep(0.01)
-        return self._queued == 0
+        return self.queued == 0
 
     def stop(self) -> None:
         with self._cond:

@@ -89,22 +89,27 @@ def work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow 
                       r[1], (recent[0][0], recent[-1][0]))
 
 
-def peer_sets(job: JobState) -> dict[int, set[int]]:
-    """Ranks that do the same work: members of a rank's minimal collective groups.
+def peer_groups(job: JobState) -> dict[int, list[frozenset[int]]]:
+    """Ranks that do the same work: each rank's minimal collective groups (its peers are their union).
 
     A group that strictly contains another group of the job (the world group of a 3D job)
-    mixes pipeline stages; TP and DP groups do not.
+    mixes pipeline stages; TP and DP groups do not. Kept as groups, not as per-rank peer
+    sets: at 16k ranks a DP group has 2k members, and a set per rank would be 33M entries.
     """
     # groups that ran collectives (pipeline p2p groups span stages: their members do different work)
-    groups = [frozenset(g.ranks) for g in job.groups.values() if len(g.ranks) >= 2 and g.seqs]
-    minimal = [g for g in set(groups) if not any(o < g for o in groups)]
-    peers: dict[int, set[int]] = defaultdict(set)
+    groups = {frozenset(g.ranks) for g in job.groups.values() if len(g.ranks) >= 2 and g.seqs}
+    by_size = sorted(groups, key=len)
+    minimal = [g for i, g in enumerate(by_size) if not any(o < g for o in by_size[:i])]
+    out: dict[int, list[frozenset[int]]] = defaultdict(list)
     for members in minimal:
         for r in members:
-            peers[r] |= members
-    for r in peers:
-        peers[r].discard(r)
-    return peers
+            out[r].append(members)
+    return out
+
+
+def _median_floor(values: list[float]) -> float:
+    """A floor of the median of `values` (sorted) with any one of them removed."""
+    return values[(len(values) - 2) // 2] if len(values) >= 2 else math.inf
 
 
 def _victims(job: JobState, windows: dict[int, WorkWindow], culprit: int, limit: int = 8) -> list[dict[str, object]]:
@@ -191,18 +196,29 @@ def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
     # imbalance: a rank computing more than the ranks that do the same work (a longer window)
     windows = {r: w for r, rank in job.ranks.items()
                if (w := work_window(rank, cfg, cfg.imbalance_beats)) is not None}
-    peers = peer_sets(job)
+    groups = peer_groups(job)
+    # a rank can only exceed its peers' median by as much as it exceeds the lowest of its groups'
+    # medians (when its groups share no one but itself): most ranks are ruled out without a union
+    unique = {g for mine in groups.values() for g in mine}
+    floors = {g: _median_floor(sorted(windows[p].recent for p in g if p in windows)) for g in unique}
     best: Straggle | None = None
     for r, w in windows.items():
-        mates = [p for p in peers.get(r, ()) if p in windows]
+        mine = groups.get(r, [])
+        if not mine:
+            continue
+        disjoint = all(len(a & b) <= 1 for a, b in itertools.combinations(mine, 2))
+        if disjoint and w.recent - min(floors[g] for g in mine) < cfg.imbalance_min_excess:
+            continue
+        mates = sorted({p for g in mine for p in g if p != r and p in windows})
         if not mates:
             continue
-        excess = w.recent - statistics.median(windows[p].recent for p in mates)
+        reference = statistics.median(windows[p].recent for p in mates)
+        excess = w.recent - reference
         if excess < cfg.imbalance_min_excess or (best is not None and excess <= best.excess):
             continue
-        per_interval = [f - statistics.median(windows[p].recent for p in mates) for f in w.recent_intervals]
+        per_interval = [f - reference for f in w.recent_intervals]
         persistence = _persistence(per_interval, excess / 2)
         if persistence >= cfg.straggle_persistence:
-            best = Straggle(r, "imbalance", excess, persistence, slowdown, w, sorted(mates),
+            best = Straggle(r, "imbalance", excess, persistence, slowdown, w, mates,
                             victims=_victims(job, windows, r))
     return best

@@ -138,28 +138,31 @@ class BigJob:
     def __post_init__(self) -> None:
         self.clock = Clock(self.ops_per_s)
         self._ids: dict[str, tuple[str, str]] = {}
+        self._dp: dict[int, tuple[int, ...]] = {}
         world = tuple(range(self.layout.world))
-        self.world_group = self._info("world", world, 0)
+        self.world_group = self._info("world", world, 0)  # group_rank per rank: rank_groups()
 
     # ------------------------------------------------------------------ groups, as a rank holds them
-    def _info(self, name: str, ranks: tuple[int, ...], rank: int) -> GroupInfo:
+    def _info(self, name: str, ranks: tuple[int, ...], group_rank: int) -> GroupInfo:
         known = self._ids.get(name)
         if known is None:
             known = self._ids[name] = (schema.group_id(name, ranks), schema.encode_ranks(ranks))
         return GroupInfo(gid=known[0], name=name, desc=name, ranks=ranks, ranks_text=known[1],
-                         group_rank=ranks.index(rank) if rank in ranks else 0, backend="nccl", pg=None,
-                         has_counter=False)
+                         group_rank=group_rank, backend="nccl", pg=None, has_counter=False)
 
     def rank_groups(self, rank: int) -> list[GroupInfo]:
         found = self.groups.get(rank)
         if found is None:
-            tp = self.layout.tp_ranks(rank)
-            dp = self.layout.dp_ranks(rank)
+            stride = self.layout.tp * self.layout.pp
+            dp_index = rank % stride
+            dp = self._dp.get(dp_index)
+            if dp is None:
+                dp = self._dp[dp_index] = self.layout.dp_ranks(rank)
+            world = self.world_group
             found = self.groups[rank] = [
-                self._info(f"tp{rank // self.layout.tp}", tp, rank),
-                self._info(f"dp{rank % (self.layout.tp * self.layout.pp)}", dp, rank),
-                GroupInfo(**{**{k: getattr(self.world_group, k) for k in GroupInfo.__slots__},
-                             "group_rank": rank}),
+                self._info(f"tp{rank // self.layout.tp}", self.layout.tp_ranks(rank), rank % self.layout.tp),
+                self._info(f"dp{dp_index}", dp, rank // stride),
+                self._info(world.name, world.ranks, rank),
             ]
         return found
 

@@ -34,14 +34,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, out: Any) -> None:
+def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, out: Any, ready: Any,
+            clock: Any) -> None:
     """One sender process: its ranks' heartbeats (and sampled op spans) every interval."""
     import grpc
 
     from mycroft.faults.bigjob import BigJob, Layout
 
     job = BigJob(params["job"], Layout(params["world"], params["tp"], params["pp"]), params["ops"],
-                 params["interval"], params["fault_rank"], params["fault_at"])
+                 params["interval"], params["fault_rank"])
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
     export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
     stats = {"hb": 0, "hb_bytes": 0, "hb_refused": 0, "hb_lost": 0, "ops": 0, "op_bytes": 0, "op_refused": 0,
@@ -49,7 +50,12 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
     batch = params["batch"]
     for rank in ranks:  # templates built before the clock starts
         job.prepare(rank)
-    start, interval = params["start"], params["interval"]
+    ready.put(len(ranks))
+    while not clock[0]:
+        time.sleep(0.05)
+    start, interval = clock[0], params["interval"]
+    job.fault_at = clock[1]
+    params = {**params, "end": clock[2]}
     k = 0
     while True:
         nominal = start + k * interval
@@ -58,8 +64,15 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
         wait = nominal + offset - time.time()
         if wait > 0:
             time.sleep(wait)
-        elif wait < -interval:
-            stats["late_ticks"] += 1
+        elif wait < -interval:  # this sender fell a tick behind: skip to now, as a rank would
+            behind = int(-wait // interval)
+            stats["late_ticks"] += behind
+            for _ in range(behind):
+                job.tick(nominal)
+                k += 1
+                nominal = start + k * interval
+            if nominal >= params["end"]:
+                break
         job.tick(nominal)
         now = nominal + offset
         for i in range(0, len(ranks), batch):
@@ -150,8 +163,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         grpc_port, http_port = _free_port(), _free_port()
         api = f"http://127.0.0.1:{http_port}"
-        cmd = [sys.executable, "-m", "mycroft.cli", "rca", "serve", "--otlp-grpc", f"127.0.0.1:{grpc_port}",
-               "--otlp-http", "", "--http", f"127.0.0.1:{http_port}", "--db", os.path.join(tmp, "rca.db")]
+        cmd = [args.service_python or sys.executable, "-m", "mycroft.cli", "rca", "serve",
+               "--otlp-grpc", f"127.0.0.1:{grpc_port}", "--otlp-http", "", "--http", f"127.0.0.1:{http_port}",
+               "--db", os.path.join(tmp, "rca.db")]
         with open(os.path.join(tmp, "rca.log"), "wb") as log_file:  # the child keeps its own descriptor
             service = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file)
         deadline = time.time() + 30
@@ -161,20 +175,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             except Exception:
                 time.sleep(0.2)
-    start = time.time() + args.setup_s
-    fault_at = start + args.warmup * args.interval if args.fault != "none" else 0.0
-    end = start + args.seconds
     params = {"job": job_id, "world": args.ranks, "tp": args.tp, "pp": args.pp, "ops": args.ops,
-              "interval": args.interval, "fault_rank": fault_rank, "fault_at": fault_at, "start": start,
-              "end": end, "batch": args.batch, "op_keep": args.op_spans}
+              "interval": args.interval, "fault_rank": fault_rank, "batch": args.batch, "op_keep": args.op_spans}
     ranks = list(range(args.ranks))
     n = max(1, args.senders)
     ctx = mp.get_context("spawn")
     queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_sender, args=(grpc_port, params, ranks[i::n], args.interval * i / n, queue))
-             for i in range(n)]
+    ready: Any = ctx.Queue()
+    clock: Any = ctx.Array("d", 3)  # start, fault_at, end: set once every sender has built its templates
+    procs = [ctx.Process(target=_sender, args=(grpc_port, params, ranks[i::n], args.interval * i / n, queue, ready,
+                                               clock)) for i in range(n)]
     for p in procs:
         p.start()
+    for _ in procs:
+        ready.get(timeout=600)
+    start = time.time() + 1.0
+    fault_at = start + args.warmup * args.interval if args.fault != "none" else 0.0
+    end = start + args.seconds
+    clock[1], clock[2] = fault_at, end
+    clock[0] = start
     pid = service.pid if service is not None else 0
     samples: list[dict[str, float]] = []
     incidents: dict[str, dict[str, Any]] = {}
@@ -207,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             record["n_root_causes"] = len(inc.get("root_causes", []))
     cpu1 = _proc(pid) if pid else (0.0, 0.0)
     cpu_window = (time.time(), cpu1[0])
-    results = [queue.get(timeout=30) for _ in procs]
+    results = [queue.get(timeout=300) for _ in procs]
     for p in procs:
         p.join(timeout=10)
     if service is not None:
@@ -268,12 +287,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=6, help="heartbeat intervals before the fault")
     p.add_argument("--seconds", type=float, default=20.0, help="length of the run from the first heartbeat")
     p.add_argument("--tail-s", type=float, default=1.0)
-    p.add_argument("--setup-s", type=float, default=4.0, help="time the senders get to build their templates")
     p.add_argument("--warmup-cpu-s", type=float, default=2.0)
     p.add_argument("--senders", type=int, default=2)
     p.add_argument("--batch", type=int, default=512, help="heartbeats per OTLP request (an agent's batch)")
     p.add_argument("--endpoint", help="OTLP/gRPC HOST:PORT of a running RCA service (default: start one)")
     p.add_argument("--api", default="http://127.0.0.1:8080", help="its API base URL (with --endpoint)")
+    p.add_argument("--service-python", help="the Python whose mycroft runs the service (another checkout's venv: "
+                                            "a baseline measured in the same run)")
     return p
 
 

@@ -48,6 +48,7 @@ class AnalysisConfig:
     comm_min_wait_growth: float = 0.08  # a transport slowdown: the ranks' wait share up this much
     imbalance_min_excess: float = 0.05  # compute share above the same-work peers' median
     straggle_warning_slowdown: float = 1.15  # job op rate down this much: a warning, else info
+    straggle_warning_spread: float = 0.15  # ... with this spread in every recent interval
     imbalance_warning_excess: float = 0.15
     # a condition must clear for this long before its incident resolves
     resolve_after_s: float = 3.0

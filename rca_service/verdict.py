@@ -363,9 +363,11 @@ def _straggle_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
         text = (f"rank {found.rank} computes {w.recent:.0%} of its time (was {w.base:.0%}) while the others' "
                 f"compute share fell: {found.excess:.0%} apart, in {found.persistence:.0%} of the recent intervals; "
                 f"the job completes ops x{found.slowdown:.2f} slower" + (f"; waiting on it: {chain}" if chain else ""))
-        severity = WARNING if found.slowdown >= cfg.straggle_warning_slowdown else INFO
-        reason = (f"job {'slowed' if severity == WARNING else 'barely slowed'} x{found.slowdown:.2f} "
-                  f"(warning from x{cfg.straggle_warning_slowdown:g})")
+        strong = found.excess >= cfg.straggle_warning_spread and found.persistence >= 1.0
+        severity = WARNING if found.slowdown >= cfg.straggle_warning_slowdown and strong else INFO
+        reason = (f"job slowed x{found.slowdown:.2f}, spread {found.excess:.0%} in {found.persistence:.0%} of the "
+                  f"intervals (warning from x{cfg.straggle_warning_slowdown:g} with a spread >= "
+                  f"{cfg.straggle_warning_spread:.0%} in every interval)")
     else:
         text = (f"rank {found.rank} computes {w.recent:.0%} of its time, {found.excess:.0%} more than the ranks "
                 f"that do the same work ({', '.join(map(str, found.peers[:8]))}): a persistently slower rank"

@@ -138,8 +138,9 @@ def webhook_payload(incident: Incident, external_url: str = "", receiver: str = 
             "generatorURL": annotations["incident_page"],
             "fingerprint": fingerprint(labels),
         }],
-        # Mycroft's own full record (receivers that know it need not call back)
-        "mycroft": {"incident": incident.to_dict()},
+        # Mycroft's own record (receivers that know it need not call back), less the page's drawing:
+        # alert bodies stay small, the drawing is one click away (generatorURL)
+        "mycroft": {"incident": {k: v for k, v in incident.to_dict().items() if k != "view"}},
     }
 
 

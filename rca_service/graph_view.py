@@ -15,6 +15,7 @@ Pure functions of the graph, its sinks and the job state.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import re
 from collections import deque
@@ -112,22 +113,35 @@ def hang_view(wf: wfg.WaitForGraph, found: list[wfg.Sink], job: JobState, causes
     keyset = set(key)
     root_ranks = {c.get("rank") for c in causes if c.get("rank") is not None}
     kinds = {c.get("rank"): str(c.get("kind", "")) for c in causes}
-    op_name = _op_names(job, (job.ranks[n[1]] for n in reach if n[0] == "r" and n[1] in job.ranks))
+    # the op of a drawn op node: from a rank waiting in it (O(drawn), not O(ranks))
+    pred = g._pred
+    op_name = _op_names(job, (job.ranks[p[1]] for n in key if n[0] == "c"
+                              for p in itertools.islice(pred[n], 1) if p[0] == "r" and p[1] in job.ranks))
+    targets: dict[wfg.Node, tuple[wfg.Node, int]] = {n: (n, 0) for n in key}
 
     def target(node: wfg.Node) -> tuple[wfg.Node, int]:
-        hops = 0
+        """The next drawn node towards the sink and the hops to it (memoised along the way)."""
+        trail: list[wfg.Node] = []
         cur: wfg.Node | None = node
-        while cur is not None and cur not in keyset:
+        while cur is not None and cur not in targets:
+            trail.append(cur)
             cur = parent.get(cur)
+        end, hops = targets[cur] if cur is not None else (node, 0)
+        for back in reversed(trail):
             hops += 1
-        return (cur if cur is not None else node), hops
+            targets[back] = (end, hops)
+        return targets[node]
+
+    families: dict[str, str] = {}
 
     def fam(node: wfg.Node) -> str:
         if node[0] == "r":
             nxt = next(iter(succ[node]), None)  # the op it waits in says which kind of rank it is
             return "waiting in " + fam(nxt) if nxt is not None and nxt[0] != "r" else "rank"
         if node[0] == "c":
-            return family(_group_name(job, node[1]))
+            if node[1] not in families:
+                families[node[1]] = family(_group_name(job, node[1]))
+            return families[node[1]]
         return "p2p"
 
     drawn: dict[wfg.Node, str] = {}
@@ -230,8 +244,8 @@ def _timeline_ranks(found: list[wfg.Sink], reach: set[wfg.Node], root_ranks: set
         for n in [*s.longest, *s.path]:
             if n[0] == "r":
                 add(n[1], "chain")
-    for n in sorted((n for n in reach if n[0] == "r"), key=lambda x: x[1]):
-        add(n[1], "waiting")
+    for r in heapq.nsmallest(TIMELINE_ROWS, (n[1] for n in reach if n[0] == "r")):
+        add(r, "waiting")
     return rows
 
 

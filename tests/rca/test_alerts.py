@@ -47,6 +47,7 @@ def test_webhook_payload_is_alertmanager_v4() -> None:
     assert alert["generatorURL"] == f"http://rca:8080/incidents/{incident.id}"  # the page a human opens
     assert alert["annotations"]["incident_url"] == f"http://rca:8080/api/v1/incidents/{incident.id}"
     assert alert["annotations"]["root_cause"].startswith("rank 5 (")
+    assert "view" not in body["mycroft"]["incident"] and body["mycroft"]["incident"]["id"] == incident.id
     assert body["groupLabels"] == {"mycroft_job": "job-a", "kind": "hang"}
     assert "rank 5 sleeps" in alert["annotations"]["description"]
 

@@ -70,7 +70,10 @@ class MycroftConfig:
     queue_size: int = 65536
     export_batch: int = 512
     export_delay_s: float = 0.2
-    ddp_hook: bool = True
+    # DDP's gradient all-reduce through the tracer: True, False, or None (auto: on for host-
+    # synchronous backends such as gloo; off for NCCL-like ones, where a Python hook costs tens
+    # of us per bucket and the Flight Recorder's frontier covers the C++ all-reduce instead)
+    ddp_hook: bool | None = None
     catch_signals: tuple[str, ...] = field(default=("SIGTERM",))
     native: bool = True
     completion_poll_s: float = 0.001  # device-async backends: how often pending Works are polled
@@ -97,7 +100,8 @@ class MycroftConfig:
             queue_size=_int(ENV_QUEUE_SIZE, 65536, 16),
             export_batch=_int(ENV_EXPORT_BATCH, 512),
             export_delay_s=_float(ENV_EXPORT_DELAY, 0.2, 0.0),
-            ddp_hook=_bool(ENV_DDP_HOOK, True),
+            ddp_hook=None if os.environ.get(ENV_DDP_HOOK, "auto").strip().lower() in ("", "auto")
+            else _bool(ENV_DDP_HOOK, True),
             catch_signals=signals,
             native=_bool(ENV_NATIVE, True),
             completion_poll_s=_float(ENV_COMPLETION_POLL_MS, 1.0, 0.05) / 1000.0,

@@ -52,6 +52,7 @@ class GroupInfo:
     completed: int = 0  # last collective seq completed on this rank
     device_async: bool = False  # ops complete on the device after the call returns (NCCL)
     fr_completed: int = -1  # the Flight Recorder's last completed seq (-1: unknown)
+    fr_enqueued: int = -1  # ... and last enqueued
 
     @property
     def size(self) -> int:

@@ -269,12 +269,20 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bool | None = True) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        self._mycroft_hook_state = None
         try:
             import torch.distributed as dist
+
+            if mode is None:  # auto: no Python hook where the all-reduce completes on the device
+                info = recorder.groups.resolve(self.process_group)
+                if info is not None and info.device_async:
+                    log.info("mycroft: DDP on %s keeps its built-in all-reduce; the Flight Recorder's "
+                             "frontier covers it (MYCROFT_DDP_HOOK=1 routes it through the tracer)", info.backend)
+                    return
 
             state = _DdpHookState(self.process_group, recorder)
             dist._register_comm_hook(self.reducer, state, _mycroft_ddp_hook)
@@ -322,7 +330,7 @@ def _ddp_builtin_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any
     return wrapper
 
 
-def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool,
+def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
             on_init: Callable[[], None], on_destroy: Callable[[], None]) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -370,9 +378,9 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool,
     except Exception as exc:  # older torch without functional collectives
         log.info("mycroft: functional collectives not traced (%r)", exc)
 
-    if ddp_hook:
+    if ddp_hook is not False:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        patcher.replace(DDP, "__init__", functools.partial(_ddp_init_wrapper, recorder))
+        patcher.replace(DDP, "__init__", functools.partial(_ddp_init_wrapper, recorder, mode=ddp_hook))
         patcher.replace(DDP, "register_comm_hook", _ddp_register_hook_wrapper)
         patcher.replace(DDP, "_register_builtin_comm_hook", _ddp_builtin_hook_wrapper)

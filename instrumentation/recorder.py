@@ -235,6 +235,14 @@ class Recorder:
             self._note_error("issued", exc)
             self.inflight.pop(id(record), None)
 
+    def adopt(self, record: OpRecord) -> None:
+        """An op seen only by the Flight Recorder (issued in C++): in flight until it completes."""
+        if not self.inflight:
+            self.comm_since_ns = _now_ns()
+        self.inflight[id(record)] = record
+        if record.seq > record.group.issued:
+            record.group.issued = record.seq
+
     def failed(self, record: OpRecord, exc: BaseException) -> None:
         record.error = f"{type(exc).__name__}: {exc}"[:512]
         timeout = "timeout" in record.error.lower() or "timed out" in record.error.lower()

@@ -27,7 +27,7 @@ from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
-from mycroft.instrumentation.recorder import Recorder
+from mycroft.instrumentation.recorder import OpRecord, Recorder
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
 from opentelemetry.sdk.resources import Resource
 
@@ -152,6 +152,7 @@ class Runtime:
         self._frontier: FrontierReader | None = None  # NCCL Flight Recorder, read only for device-async groups
         # recent collectives of device-async groups: the evidence that maps NCCL communicators to groups
         self._py_ops: collections.deque[PyOp] = collections.deque(maxlen=512)
+        self._fr_ops: dict[tuple[str, int], OpRecord] = {}  # collectives only the Flight Recorder saw
         self._wakeup_r: int | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
@@ -255,7 +256,7 @@ class Runtime:
             os._exit(128 + caught[0])
 
     def _step(self) -> None:
-        if self.recorder.funcol_device or self.recorder.completion.workless_groups():
+        if self.recorder.funcol_device or self._fr_ops or self.recorder.completion.workless_groups():
             self._read_frontier()
         self.recorder.poll_pending()
         self._drain_ops()
@@ -320,7 +321,7 @@ class Runtime:
             reader.map_comm(comm_hash, mapping.gid, mapping.ranks, mapping.seq_offset)
 
     def _read_frontier(self) -> None:
-        """The Flight Recorder's last completed seq per device-async group (and what it completes)."""
+        """The Flight Recorder's frontier per device-async group, and what it completes or reveals."""
         groups = [info for info in self.recorder.groups.all() if info.device_async]
         if not groups:
             return
@@ -332,12 +333,49 @@ class Runtime:
         tracker = self.recorder.completion
         workless = tracker.workless_groups()
         for info in groups:
-            completed = status.get(info.name)
-            if completed is None:
+            frontier = status.get(info.name)
+            if frontier is None:
                 continue
-            info.fr_completed = completed
+            info.fr_enqueued, info.fr_completed = frontier
             if info.gid in workless:
-                tracker.complete_through(info.gid, completed, schema.TIMING_FLIGHT_RECORDER)
+                tracker.complete_through(info.gid, info.fr_completed, schema.TIMING_FLIGHT_RECORDER)
+        self._cover_cpp_ops(groups)
+
+    def _cover_cpp_ops(self, groups: list[Any]) -> None:
+        """Collectives issued in C++ (DDP's reducer on NCCL): in flight from the FR's entries, done by its frontier.
+
+        A seq the Flight Recorder has enqueued but not completed, which no Python call of ours
+        issued, came from C++. Its entry (an onlyActive dump: in-flight ops only) gives op,
+        size and enqueue time; it is then in flight in the heartbeats like any op, and its span
+        (mycroft.source = flight_recorder) ends when the frontier passes it.
+        """
+        recorder = self.recorder
+        for key, record in list(self._fr_ops.items()):
+            if record.group.fr_completed >= record.seq:
+                del self._fr_ops[key]
+                recorder.complete(record, timing=schema.TIMING_FLIGHT_RECORDER)
+        open_groups = [info for info in groups if info.fr_enqueued > info.fr_completed]
+        if not open_groups or self._frontier is None:
+            return
+        known = {(op.gid, op.seq) for op in self._py_ops}
+        known.update((r.group.gid, r.seq) for r in recorder.snapshot_inflight())
+        known.update((r.group.gid, r.seq) for r in list(recorder.queue))
+        known.update(self._fr_ops)
+        if all((info.gid, seq) in known for info in open_groups
+               for seq in range(info.fr_completed + 1, info.fr_enqueued + 1)):
+            return
+        by_name = {info.name: info for info in open_groups}
+        for entry in self._frontier.read_active():
+            info = by_name.get(entry.group)
+            if info is None or entry.seq <= info.fr_completed or (info.gid, entry.seq) in known:
+                continue
+            record = OpRecord(f"{schema.SOURCE_FLIGHT_RECORDER}:{entry.op}", entry.op, info, entry.seq,
+                              entry.created_ns or time.time_ns())
+            record.source = schema.SOURCE_FLIGHT_RECORDER
+            record.bytes, record.dtype = entry.bytes, entry.dtype or None
+            record.call_end_ns = record.start_ns  # issued from C++: enqueued at once
+            self._fr_ops[(info.gid, entry.seq)] = record
+            recorder.adopt(record)
 
     def _waiting_elsewhere(self, inflight: list[Any], now: int) -> bool:
         """A device-async op's call returned long ago and it is still in flight: the main thread
@@ -388,6 +426,8 @@ class Runtime:
             self._stop.set()
             with contextlib.suppress(Exception):  # what the device finished since the last poll
                 self.recorder.completion.poll()
+                if self._fr_ops or self.recorder.funcol_device:
+                    self._read_frontier()
             self._drain_ops()
             with contextlib.suppress(Exception):  # and what NCCL finished (held records go as they are)
                 self._native_next_try = 0.0

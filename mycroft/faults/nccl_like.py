@@ -298,6 +298,8 @@ ST_KERNEL_CH_STOP = 22
 _NCCL_FUNCS = {"allreduce": b"AllReduce", "barrier": b"AllReduce", "broadcast": b"Broadcast", "reduce": b"Reduce",
                "allgather": b"AllGather", "_allgather_base": b"AllGather", "reduce_scatter": b"ReduceScatter",
                "_reduce_scatter_base": b"ReduceScatter"}
+_FR_DTYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+              torch.int64: "Long", torch.int32: "Int", torch.int8: "Char", torch.uint8: "Byte"}
 _NCCL_TYPES = {torch.float32: b"ncclFloat32", torch.float64: b"ncclFloat64", torch.float16: b"ncclFloat16",
                torch.bfloat16: b"ncclBfloat16", torch.int64: b"ncclInt64", torch.int32: b"ncclInt32",
                torch.int8: b"ncclInt8", torch.uint8: b"ncclUint8"}
@@ -459,11 +461,11 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         return handle
 
     def _collective(self, op: str, outputs: Any, launch: Callable[[], Any], host_blocking: bool = False,
-                    sizes: Any = None) -> NcclLikeWork:
+                    sizes: Any = None, dtypes: Any = None) -> NcclLikeWork:
         self._seq += 1
         from_cpp = _called_from_cpp()
         work = NcclLikeWork(op, self._seq, outputs, host_blocking or from_cpp, future_at_completion=from_cpp)
-        self._entries.append({"work": work, "sizes": sizes})
+        self._entries.append({"work": work, "sizes": sizes, "dtypes": dtypes})
         if len(self._entries) > 2000:  # the Flight Recorder's ring (TORCH_FR_BUFFER_SIZE default)
             del self._entries[:1000]
         coll = self._native_start(op, outputs)
@@ -530,7 +532,8 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
             if reduce_op is not None:
                 opts.reduceOp = reduce_op
         return self._collective("allreduce", tensors, lambda: self._gloo.allreduce(tensors, opts),
-                                sizes=[list(t.shape) for t in tensors])
+                                sizes=[list(t.shape) for t in tensors],
+                                dtypes=[_FR_DTYPES.get(t.dtype, str(t.dtype)) for t in tensors])
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> NcclLikeWork:
         opts = opts if opts is not None else AllreduceCoalescedOptions()
@@ -630,6 +633,7 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
                 "time_created_ns": work.enqueued_ns,
                 "time_discovered_completed_ns": work.completed_ns if completed else 0,
                 "input_sizes": entry["sizes"] or [],
+                "input_dtypes": entry["dtypes"] or [],
                 "is_p2p": False,
                 "retired": completed,
             })

@@ -154,3 +154,34 @@ def test_native_spans_join_the_python_trace_and_a_collective_behind_a_long_kerne
     for span in native:
         by_trace.setdefault(span.trace_id, set()).add(span.rank)
     assert sum(1 for ranks in by_trace.values() if ranks == {0, 1}) >= 30
+
+
+def test_ddp_keeps_its_builtin_all_reduce_on_nccl_like_and_the_flight_recorder_shows_it_in_flight(
+        otlp_sink: tuple[SpanSink, int]) -> None:
+    """No Python hook where the all-reduce completes on the device: the bucket op a late peer holds
+    up is in flight in the heartbeats from the Flight Recorder's entries, and gets its span."""
+    sink, port = otlp_sink
+    env = instrumented_env(port, MYCROFT_HEARTBEAT_INTERVAL="0.25", MYCROFT_JOB_ID="nccl-like-ddp")
+    late = 2.5
+    result = run_torchrun(Path(__file__).parent / "jobs" / "nccl_like_ddp.py", 2, env, "--steps", "6",
+                          "--late-rank", "1", "--late-step", "3", "--late-seconds", str(late))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sink.wait_for(lambda spans: len({s.rank for s in spans if s.attributes.get(schema.ATTR_HB_FINAL)}) == 2,
+                         15)
+    spans = sink.snapshot()
+    ops = [s for s in spans if s.kind == schema.KIND_COLLECTIVE]
+    assert not [s for s in ops if "DistributedDataParallel" in str(s.attributes.get(schema.ATTR_API))]  # no hook
+    # C++-issued ops get a span when a frontier read finds them in flight: the held-up one for sure
+    held = [s for s in ops if s.rank == 0 and s.attributes[schema.ATTR_SOURCE] == schema.SOURCE_FLIGHT_RECORDER]
+    assert held and all(s.name == schema.OP_ALL_REDUCE and s.attributes[schema.ATTR_TIMING] ==
+                        schema.TIMING_FLIGHT_RECORDER for s in held), [s.attributes for s in held]
+    long = [s for s in held if (s.end_ns - s.start_ns) / 1e9 >= late - 0.5]
+    assert len(long) == 1, [(s.attributes[schema.ATTR_SEQ], s.end_ns - s.start_ns) for s in held]
+    span = long[0]
+    seq = span.attributes[schema.ATTR_SEQ]
+    assert span.attributes[schema.ATTR_BYTES] == (64 * 64 + 64) * 4  # the one bucket: weight and bias, float32
+    beats = [b for b in spans if b.kind == schema.KIND_HEARTBEAT and b.rank == 0
+             and seq in b.attributes[schema.ATTR_HB_INFLIGHT_SEQS]]
+    assert beats and max(max(b.attributes[schema.ATTR_HB_INFLIGHT_AGES_S]) for b in beats) > 1.5
+    at = beats[-1].attributes[schema.ATTR_HB_INFLIGHT_SEQS].index(seq)
+    assert beats[-1].attributes[schema.ATTR_HB_INFLIGHT_OPS][at] == schema.OP_ALL_REDUCE

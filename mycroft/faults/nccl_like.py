@@ -127,7 +127,10 @@ def _called_from_cpp() -> bool:
     0 here, 1 _collective/_p2p, 2 the op method, 3 its Python caller (none from C++: the
     nearest Python frame is then whoever called into C++).
     """
-    frame = sys._getframe(3)
+    try:
+        frame = sys._getframe(3)
+    except ValueError:  # no Python caller at all: a C++ thread (autograd's, gloo's)
+        return True
     return os.path.normcase(frame.f_code.co_filename) != _C10D_FILE
 
 

@@ -12,7 +12,9 @@ receiver or RCA service, NCCL_PROFILER_PLUGIN = the plugin it builds first):
    ProxyStep events) is used: Coll / ProxyOp / KernelCh events reach the ring; nccl.collective
    spans join each rank's Python span; the all_reduce issued behind a long kernel
    (torch.cuda._sleep) ends after the kernel in both views while its call returned at
-   enqueue; every op's end comes from the device (mycroft.timing = device_polled);
+   enqueue; every op's end comes from the device (mycroft.timing = device_polled); the
+   heartbeats carry the Flight Recorder's frontier (its pg_status keys match torch's groups:
+   what DDP's C++ all-reduce is seen through on NCCL);
 3. the same job with one rank stopped before a collective: the RCA service names it
    (not_entered) while the other waits in .item();
 4. the step time of the job without Mycroft (no instrumentation, no plugin) against job 2's.
@@ -239,6 +241,23 @@ def check_device_timing(spans: list[Any]) -> dict[str, Any]:
     return {"ok": bool(timings) and set(timings) == {schema.TIMING_DEVICE_POLLED}, "timings": timings}
 
 
+def check_frontier(spans: list[Any]) -> dict[str, Any]:
+    """The Flight Recorder's pg_status is read and its groups match torch's (heartbeats carry its frontier).
+
+    DDP's C++ all-reduce on NCCL is seen through this frontier only (no Python hook there).
+    """
+    from mycroft import schema
+
+    best = -1
+    for s in spans:
+        if s.kind == schema.KIND_HEARTBEAT:
+            values = s.attributes.get(schema.ATTR_HB_GROUP_FR_COMPLETED) or []
+            best = max([best, *[int(v) for v in values]])
+    return {"ok": best > 0, "max_fr_completed": best,
+            "detail": "" if best > 0 else "no heartbeat carried a Flight Recorder frontier: pg_status unread "
+                                          "or its keys do not match torch's group names"}
+
+
 def check_overhead(plain: list[dict[str, Any]], traced: list[dict[str, Any]]) -> dict[str, Any]:
     def median_step(reports: list[dict[str, Any]]) -> float | None:
         times = [t for r in reports for t in r.get("step_times", [])[5:]]  # warm-up steps out
@@ -341,8 +360,8 @@ def run(backend: str, steps: int, kernel_s: float) -> dict[str, Any]:
             layout, how = two_rank_layout(env, backend)
             if layout is None:
                 for name in ("two_rank_job", "events_reach_the_ring", "native_spans_join_python_trace",
-                             "collective_behind_long_kernel", "completion_from_device", "hang_named_by_rca",
-                             "step_time_overhead"):
+                             "collective_behind_long_kernel", "completion_from_device", "flight_recorder_frontier",
+                             "hang_named_by_rca", "step_time_overhead"):
                     checks[name] = {"ok": None, "skipped": how}
             else:
                 sink.records.clear()
@@ -358,6 +377,7 @@ def run(backend: str, steps: int, kernel_s: float) -> dict[str, Any]:
                 checks["native_spans_join_python_trace"] = check_join(spans)
                 checks["collective_behind_long_kernel"] = check_long_kernel(spans, reports, kernel_step + 1, kernel_s)
                 checks["completion_from_device"] = check_device_timing(spans)
+                checks["flight_recorder_frontier"] = check_frontier(spans)
                 # 4. the same loop without Mycroft (no instrumentation, no plugin)
                 code, plain, tail = run_job(2, ["--backend", backend, "--steps", str(steps)],
                                             job_env(endpoint, "gpu-check-plain", None, layout), work / "plain",

@@ -66,6 +66,9 @@ def test_join_long_kernel_and_timing_checks_pass_and_fail_on_what_they_claim() -
     assert not gpu_check.check_long_kernel(py + native, reports, 2, 0.3)["ok"]
     mixed = [*py, _span(schema.KIND_COLLECTIVE, 0, 1, 1, 0, 1, **{schema.ATTR_TIMING: schema.TIMING_EXACT})]
     assert not gpu_check.check_device_timing(mixed)["ok"]
+    beat = _span(schema.KIND_HEARTBEAT, 0, 1, 2, 0, 1, **{schema.ATTR_HB_GROUP_FR_COMPLETED: [-1, 7]})
+    assert gpu_check.check_frontier([beat])["ok"]
+    assert not gpu_check.check_frontier([_span(schema.KIND_HEARTBEAT, 0, 1, 2, 0, 1)])["ok"]
     assert gpu_check.verdict({"a": {"ok": True}, "b": {"ok": None}}) == "pass"
     assert gpu_check.verdict({"a": {"ok": True}, "b": {"ok": False}}) == "fail"
     assert gpu_check.verdict({"b": {"ok": None}}) == "skipped"

@@ -13,10 +13,10 @@ the wait for the GIL when the training thread holds it).
 
 Holding a Work keeps its tensors alive. torch's own watchdog holds every NCCL Work until the
 device finished it, so holding ours until then adds at most a poll interval. Only an op
-that never finishes could pin memory: at most MYCROFT_MAX_PENDING_WORKS Works are held;
-beyond that the oldest are released and their ops complete when a later op of the same
-queue does, or when the Flight Recorder's last completed seq passes them (timing `polled` /
-`flight_recorder`).
+that never finishes could pin memory: at most MYCROFT_MAX_PENDING_WORKS Works are held per
+queue; beyond that the oldest are released and their ops complete when a later op of the
+same queue does, or when the Flight Recorder's last completed seq passes them (timing
+`polled` / `flight_recorder`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ class CompletionTracker:
     def __init__(self, recorder: Recorder, poll_s: float = 0.001, max_works: int = 1024) -> None:
         self.recorder = recorder
         self.poll_s = poll_s
-        self.max_works = max_works
+        self.max_works = max_works  # per queue (stream)
+        # deques: appends (training thread) and poplefts (poller) are thread-safe; no shared
+        # counter decides anything (a += from two threads can lose updates)
         self._queues: dict[QueueKey, collections.deque[list[Any]]] = {}
-        self._works = 0  # Works held
-        self._entries = 0  # entries pending (with or without a Work)
         self.released = 0  # Works let go early to bound memory
         self.polls = 0
         self._wake = threading.Event()
@@ -55,36 +55,28 @@ class CompletionTracker:
 
     # ------------------------------------------------------------------ training thread
     def add(self, record: OpRecord, work: Any) -> None:
-        """Track `work` until the device completed it (any thread; deque appends are atomic)."""
+        """Track `work` until the device completed it (any thread)."""
         key = (record.group.gid, record.peer if record.op in schema.P2P_OPS else -1)
         queue = self._queues.get(key)
         if queue is None:
             queue = self._queues.setdefault(key, collections.deque())
         queue.append([record, work])
-        self._entries += 1
-        if work is not None:
-            self._works += 1
-            if self._works > self.max_works:
-                self._release_oldest()
+        if len(queue) > self.max_works:
+            self._release_oldest(queue)
         if not self._wake.is_set():
             self._wake.set()
 
-    def _release_oldest(self) -> None:
-        oldest: list[Any] | None = None
-        for queue in list(self._queues.values()):
-            for entry in queue:
-                if entry[1] is not None:
-                    if oldest is None or entry[0].start_ns < oldest[0].start_ns:
-                        oldest = entry
-                    break
-        if oldest is not None:
-            oldest[1] = None
-            self._works -= 1
-            self.released += 1
+    def _release_oldest(self, queue: collections.deque[list[Any]]) -> None:
+        """Let go of the oldest Work still held in `queue` (its op completes by stream order)."""
+        for entry in list(queue):
+            if entry[1] is not None:
+                entry[1] = None
+                self.released += 1
+                return
 
     # ------------------------------------------------------------------ poller
     def pending(self) -> int:
-        return self._entries
+        return sum(len(queue) for queue in list(self._queues.values()))
 
     def poll(self) -> int:
         """One pass over the queues' heads; returns how many ops completed."""
@@ -107,10 +99,7 @@ class CompletionTracker:
                 error = _work_error(work)
                 while queue:
                     entry = queue.popleft()
-                    self._entries -= 1
                     record = entry[0]
-                    if entry[1] is not None:
-                        self._works -= 1
                     if entry is probe:
                         if error is not None:
                             self._fail(record, error)
@@ -129,9 +118,6 @@ class CompletionTracker:
         done = 0
         while queue and queue[0][0].seq <= seq:
             entry = queue.popleft()
-            self._entries -= 1
-            if entry[1] is not None:
-                self._works -= 1
             self.recorder.complete(entry[0], timing=timing)
             done += 1
         return done
@@ -150,11 +136,14 @@ class CompletionTracker:
             self._thread = threading.Thread(target=self._run, name="mycroft-completion", daemon=True)
             self._thread.start()
 
+    def _idle(self) -> bool:
+        return not any(self._queues.values())
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self._entries:
+            if self._idle():
                 self._wake.clear()
-                if not self._entries:  # an add() may have raced the clear
+                if self._idle():  # an add() may have raced the clear
                     self._wake.wait(0.5)
                 continue
             try:

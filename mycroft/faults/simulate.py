@@ -150,6 +150,25 @@ def _proc(pid: int) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the service (unless --endpoint), run the senders, watch the service; the JSON result."""
+    procs: list[Any] = []
+    service: list[subprocess.Popen[bytes]] = []
+    try:
+        return _run(args, procs, service)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for s in service:
+            if s.poll() is None:
+                s.terminate()
+                try:
+                    s.wait(10)
+                except subprocess.TimeoutExpired:
+                    s.kill()
+
+
+def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
     from mycroft.faults.bigjob import Layout
 
     layout = Layout(args.ranks, args.tp, args.pp)
@@ -168,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "--db", os.path.join(tmp, "rca.db")]
         with open(os.path.join(tmp, "rca.log"), "wb") as log_file:  # the child keeps its own descriptor
             service = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log_file)
+        started.append(service)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
@@ -183,8 +203,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     queue: Any = ctx.Queue()
     ready: Any = ctx.Queue()
     clock: Any = ctx.Array("d", 3)  # start, fault_at, end: set once every sender has built its templates
-    procs = [ctx.Process(target=_sender, args=(grpc_port, params, ranks[i::n], args.interval * i / n, queue, ready,
-                                               clock)) for i in range(n)]
+    procs.extend(ctx.Process(target=_sender, args=(grpc_port, params, ranks[i::n], args.interval * i / n, queue,
+                                                   ready, clock)) for i in range(n))
     for p in procs:
         p.start()
     for _ in procs:
@@ -229,12 +249,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = [queue.get(timeout=300) for _ in procs]
     for p in procs:
         p.join(timeout=10)
-    if service is not None:
-        service.terminate()
-        try:
-            service.wait(10)
-        except subprocess.TimeoutExpired:
-            service.kill()
     total = {key: sum(r[key] for r in results) for key in results[0]}
     last = samples[-1] if samples else {}
     passes = [s.get("mycroft_rca_analysis_seconds", 0.0) for s in samples if s.get("at", 0) >= start]

@@ -13,6 +13,7 @@ from mycroft.collector_processor import config as defaults
 from mycroft.collector_processor.cli import _serve  # noqa: F401  (the command the README documents exists)
 from mycroft.collector_processor.collector import EmbeddedCollector
 
+from mycroft import schema
 from tests.conftest import REPO
 
 CONFIG = REPO / "otel-config"
@@ -20,7 +21,7 @@ OTELCOL_FILES = [*sorted((CONFIG / "otelcol").glob("*.yaml")), CONFIG / "compose
 # component types these configs may use, all in otelcol-contrib
 KNOWN_TYPES = {
     "receivers": {"otlp"},
-    "processors": {"batch", "memory_limiter"},
+    "processors": {"batch", "memory_limiter", "filter"},
     "exporters": {"otlp", "loadbalancing", "debug"},
 }
 
@@ -97,7 +98,8 @@ def test_ports_agree_with_the_code(path: Path) -> None:
         # agents only route whole jobs to gateways, on the gateways' ingest port
         hostnames = config["exporters"]["loadbalancing/gateways"]["resolver"]["static"]["hostnames"]
         assert {_port(h) for h in hostnames} == {_port(defaults.COLLECTOR_OTLP_GRPC)}
-        assert config["exporters"]["loadbalancing/gateways"]["routing_key"] == "service"
+        # by trace id: every rank's span of a collective reaches the gateway that joins it
+        assert config["exporters"]["loadbalancing/gateways"]["routing_key"] == "traceID"
         return
     assert [_port(e) for e in roles["processor"]] == [_port(defaults.PROCESSOR_OTLP_GRPC)]
     assert [_port(e) for e in roles["processed"]] == [defaults.PROCESSED_OTLP_GRPC_PORT]
@@ -106,11 +108,19 @@ def test_ports_agree_with_the_code(path: Path) -> None:
     expected_rca = defaults.RCA_SHARED_HOST_OTLP_GRPC_PORT if shared_host else _rca_default_port()
     assert {_port(e) for e in roles["rca"]} == {expected_rca}
     assert _rca_default_port() == defaults.RCA_OTLP_GRPC_PORT
-    if path.name == "gateway.yaml":
-        assert config["exporters"]["loadbalancing/rca"]["routing_key"] == "service"
-    # the out pipeline feeds the RCA service and both trace backends
-    out = config["service"]["pipelines"]["traces/out"]["exporters"]
-    assert {e.split("/")[1] for e in out} == {"jaeger", "tempo", "rca"}
+    if path.name == "gateway.yaml":  # a job's heartbeats all reach one RCA instance, from every gateway
+        rca = config["exporters"]["loadbalancing/rca"]
+        assert rca["routing_key"] == "attributes" and rca["routing_attributes"] == [schema.RES_JOB_ID]
+    # the processed spans feed the RCA service, and both trace backends without heartbeats
+    pipelines = config["service"]["pipelines"]
+    backends, rca_out = pipelines["traces/backends"], pipelines["traces/rca"]
+    assert {e.split("/")[1] for e in backends["exporters"]} == {"jaeger", "tempo"}
+    assert [e.split("/")[1] for e in rca_out["exporters"]] == ["rca"]
+    assert backends["receivers"] == rca_out["receivers"] == ["otlp/processed"]
+    assert "filter/no-heartbeats" in backends["processors"] and not any(
+        p.startswith("filter") for p in rca_out["processors"])
+    drop = config["processors"]["filter/no-heartbeats"]["traces"]["span"]
+    assert drop == [f'name == "{schema.SPAN_HEARTBEAT}"']
 
 
 def _commands(text: str, program: str) -> list[list[str]]:

@@ -26,6 +26,8 @@ ENV_CATCH_SIGNALS = "MYCROFT_CATCH_SIGNALS"
 ENV_NATIVE = "MYCROFT_NATIVE"
 ENV_COMPLETION_POLL_MS = "MYCROFT_COMPLETION_POLL_MS"
 ENV_MAX_PENDING_WORKS = "MYCROFT_MAX_PENDING_WORKS"
+ENV_OP_SPAN_SAMPLE = "MYCROFT_OP_SPAN_SAMPLE"
+ENV_KEEP_SLOW_OPS = "MYCROFT_KEEP_SLOW_OPS_S"
 
 
 def _float(name: str, default: float, minimum: float = 0.0) -> float:
@@ -79,6 +81,10 @@ class MycroftConfig:
     completion_poll_s: float = 0.001  # device-async backends: how often pending Works are polled
     max_pending_works: int = 1024  # Works (and their tensors) held at most for completion polling
     native_linger_s: float = 0.02  # at exit: the plugin's linger + tick, waited once before its last flush
+    # the telemetry diet: the share of collectives whose op spans are sent, by trace id (the same on
+    # every rank, so a kept collective is whole); failed ops and ops slower than keep_slow_s always go
+    op_span_sample: float = 1.0
+    keep_slow_s: float = 1.0
 
     @classmethod
     def from_env(cls) -> MycroftConfig:
@@ -106,4 +112,6 @@ class MycroftConfig:
             native=_bool(ENV_NATIVE, True),
             completion_poll_s=_float(ENV_COMPLETION_POLL_MS, 1.0, 0.05) / 1000.0,
             max_pending_works=_int(ENV_MAX_PENDING_WORKS, 1024, 1),
+            op_span_sample=min(1.0, _float(ENV_OP_SPAN_SAMPLE, 1.0, 0.0)),
+            keep_slow_s=_float(ENV_KEEP_SLOW_OPS, 1.0, 0.0),
         )

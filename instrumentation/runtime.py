@@ -28,7 +28,7 @@ from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
-from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
+from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, keep_op, op_span
 from opentelemetry.sdk.resources import Resource
 
 from mycroft import schema
@@ -141,6 +141,7 @@ class Runtime:
         self.shipper = Shipper(exporter, self.resource, config.queue_size, config.export_batch,
                                config.export_delay_s, deliver=deliver)
         self._rng = random.Random()
+        self.sampled_out = 0  # op spans the diet did not send (MYCROFT_OP_SPAN_SAMPLE)
         self._hb_counter = 0
         self._last_hb_ns = time.time_ns()
         self._stop = threading.Event()
@@ -272,11 +273,15 @@ class Runtime:
         if not queue:
             return
         spans: list[SpanRecord] = []
+        ratio, slow = self.config.op_span_sample, self.config.keep_slow_s
         for _ in range(len(queue)):
             record = queue.popleft()
             if record.device and record.op not in schema.P2P_OPS:
                 self._py_ops.append(PyOp(record.group.gid, record.seq, record.op, record.start_ns, record.call_end_ns))
-            spans.append(op_span(record, self.job_id, self.rank))
+            if ratio >= 1.0 or keep_op(record, self.job_id, ratio, slow):
+                spans.append(op_span(record, self.job_id, self.rank))
+            else:
+                self.sampled_out += 1
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
         urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
         self.shipper.submit(spans, urgent=urgent)

@@ -16,6 +16,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -55,57 +56,55 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
         time.sleep(0.05)
     start, interval = clock[0], params["interval"]
     job.fault_at = clock[1]
-    params = {**params, "end": clock[2]}
+    end = clock[2]
+    # every tick's requests are built before the clock starts (the situations are known in
+    # advance), so while the run lasts this process only sends: the service gets the CPU
+    built = time.perf_counter()
+    plan: list[list[tuple[str, bytes, int]]] = []
     k = 0
-    while True:
+    while start + k * interval < end:
         nominal = start + k * interval
-        if nominal >= params["end"]:
-            break
-        wait = nominal + offset - time.time()
-        if wait > 0:
-            time.sleep(wait)
-        elif wait < -interval:  # this sender fell a tick behind: skip to now, as a rank would
-            behind = int(-wait // interval)
-            stats["late_ticks"] += behind
-            for _ in range(behind):
-                job.tick(nominal)
-                k += 1
-                nominal = start + k * interval
-            if nominal >= params["end"]:
-                break
         job.tick(nominal)
         now = nominal + offset
-        for i in range(0, len(ranks), batch):
-            part = ranks[i:i + batch]
-            t0 = time.perf_counter()
-            payload = job.heartbeat_bytes(part, now)
-            stats["build_s"] += time.perf_counter() - t0
-            stats["hb"] += len(part)
-            stats["hb_bytes"] += len(payload)
-            for attempt in range(3):  # OTLP exporters retry RESOURCE_EXHAUSTED with backoff
-                try:
-                    export(payload, timeout=10)
-                    break
-                except grpc.RpcError:
-                    stats["hb_refused"] += 1
-                    if attempt == 2:
-                        stats["hb_lost"] += len(part)
-                    else:
-                        time.sleep(0.05 * (attempt + 1))
+        requests = [("hb", job.heartbeat_bytes(ranks[i:i + batch], now), len(ranks[i:i + batch]))
+                    for i in range(0, len(ranks), batch)]
         if params["op_keep"] > 0:
-            for i in range(0, len(ranks), max(1, batch // 8)):
-                t0 = time.perf_counter()
-                payload, count = job.op_span_bytes(ranks[i:i + max(1, batch // 8)], now, params["op_keep"])
-                stats["build_s"] += time.perf_counter() - t0
-                if not count:
-                    continue
+            step = max(1, batch // 8)
+            for i in range(0, len(ranks), step):
+                payload, count = job.op_span_bytes(ranks[i:i + step], now, params["op_keep"])
+                if count:
+                    requests.append(("op", payload, count))
+        plan.append(requests)
+        k += 1
+    stats["build_s"] = time.perf_counter() - built
+    for k, requests in enumerate(plan):
+        wait = start + k * interval + offset - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        elif wait < -interval:  # fell a tick behind (or built too slowly): skip it, as a rank would
+            stats["late_ticks"] += 1
+            continue
+        for kind, payload, count in requests:
+            if kind == "hb":
+                stats["hb"] += count
+                stats["hb_bytes"] += len(payload)
+                for attempt in range(3):  # OTLP exporters retry RESOURCE_EXHAUSTED with backoff
+                    try:
+                        export(payload, timeout=10)
+                        break
+                    except grpc.RpcError:
+                        stats["hb_refused"] += 1
+                        if attempt == 2:
+                            stats["hb_lost"] += count
+                        else:
+                            time.sleep(0.05 * (attempt + 1))
+            else:
                 stats["ops"] += count
                 stats["op_bytes"] += len(payload)
                 try:
                     export(payload, timeout=10)
                 except grpc.RpcError:
                     stats["op_refused"] += count  # op spans are shed, not retried
-        k += 1
     channel.close()
     out.put(stats)
 
@@ -209,7 +208,8 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
         p.start()
     for _ in procs:
         ready.get(timeout=600)
-    start = time.time() + 1.0
+    start = time.time() + (args.prebuild_s if args.prebuild_s >= 0 else
+                           5.0 + 40e-6 * args.ranks * args.seconds * (1 + args.ops * min(1.0, args.op_spans)) / n)
     fault_at = start + args.warmup * args.interval if args.fault != "none" else 0.0
     end = start + args.seconds
     clock[1], clock[2] = fault_at, end
@@ -303,6 +303,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tail-s", type=float, default=1.0)
     p.add_argument("--warmup-cpu-s", type=float, default=2.0)
     p.add_argument("--senders", type=int, default=2)
+    p.add_argument("--prebuild-s", type=float, default=-1.0,
+                   help="time the senders get to build every request of the run (default: from the load)")
     p.add_argument("--batch", type=int, default=512, help="heartbeats per OTLP request (an agent's batch)")
     p.add_argument("--endpoint", help="OTLP/gRPC HOST:PORT of a running RCA service (default: start one)")
     p.add_argument("--api", default="http://127.0.0.1:8080", help="its API base URL (with --endpoint)")
@@ -311,8 +313,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_term(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # so run() stops the service and the senders it started
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, _exit_on_term)
     if args.ranks % (args.tp * args.pp):
         raise SystemExit("--ranks must be a multiple of --tp x --pp")
     print(json.dumps(run(args)), flush=True)

@@ -236,6 +236,25 @@ def filter_request_jobs(request: ExportTraceServiceRequest, allow: Callable[[str
     return refused
 
 
+def keep_only_named(request: ExportTraceServiceRequest, name: str) -> int:
+    """Drop, in place and before any decoding, every span not named `name`; returns how many went.
+
+    Costs a name comparison per span (upb), against tens of microseconds to decode one in
+    Python: a receiver under load sheds this way to keep its CPU for the spans that matter.
+    """
+    dropped = 0
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            spans = scope_spans.spans
+            keep = [span for span in spans if span.name == name]
+            if len(keep) != len(spans):
+                dropped += len(spans) - len(keep)
+                kept = [Span.FromString(span.SerializeToString()) for span in keep]
+                del scope_spans.spans[:]
+                scope_spans.spans.extend(kept)
+    return dropped
+
+
 def decode_protobuf(payload: bytes, cache: DecodeCache | None = None) -> list[SpanRecord]:
     request = ExportTraceServiceRequest()
     try:

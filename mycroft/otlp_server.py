@@ -192,9 +192,12 @@ class OtlpReceiver:
                  max_workers: int = 8, *, auth: Authenticator | None = None, tls: TlsFiles | None = None,
                  limits: HttpLimits | None = None, on_reject: RejectHook | None = None,
                  grpc_request_sink: RequestSink | None = None, max_concurrent_rpcs: int = 64,
-                 decode_cache: DecodeCache | None = None) -> None:
+                 decode_cache: DecodeCache | None = None,
+                 prefilter: Callable[[trace_service_pb2.ExportTraceServiceRequest], int] | None = None) -> None:
         self._sink = sink
         self._cache = decode_cache  # repeated arrays / resources decoded once (the sink treats values as read-only)
+        # gRPC requests pass it before decoding: it may drop spans in place (load shedding), returns how many
+        self._prefilter = prefilter
         self._request_sink = grpc_request_sink
         self._auth = auth
         self._reject = on_reject or _noop_reject
@@ -240,6 +243,7 @@ class OtlpReceiver:
         shed: int | None = 0
         if not principal.all_jobs:
             refused = filter_request_jobs(request, gate)
+        early = self._prefilter(request) if self._prefilter is not None else 0
         try:
             if self._request_sink is not None:
                 self._request_sink(request)
@@ -256,6 +260,7 @@ class OtlpReceiver:
         if refused:
             self._reject(REJECT_FORBIDDEN_JOB, refused)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, _refused_message(refused, gate.refused_jobs))
+        shed = (shed or 0) + early
         return partial_success(shed).SerializeToString() if shed else None
 
     # ------------------------------------------------------------------ HTTP

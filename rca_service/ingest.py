@@ -62,6 +62,10 @@ class IngestQueue:
     def queued_heartbeats(self) -> int:
         return self._queued_beats
 
+    def congested(self) -> bool:
+        """The op-span queue is over half full: receivers shed op spans before decoding them."""
+        return self._queued_spans > self._max_spans // 2
+
     def horizon(self) -> float | None:
         """Receive time of the oldest record still queued (None: everything received is folded)."""
         with self._cond:

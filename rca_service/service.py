@@ -12,9 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from mycroft import schema
 from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpLimits, TlsFiles
-from mycroft.otlp import DecodeCache, SpanRecord
+from mycroft.otlp import DecodeCache, SpanRecord, keep_only_named
 from mycroft.otlp_server import OtlpReceiver, split_host_port
 from mycroft.security_cli import warn_if_open
 
@@ -70,7 +73,7 @@ class RcaService:
                                   max_heartbeats=options.max_queued_heartbeats)
         self.receiver = OtlpReceiver(self.ingest.sink, options.otlp_grpc, options.otlp_http, auth=options.auth,
                                      tls=options.tls, limits=options.limits, on_reject=self._rejected,
-                                     decode_cache=DecodeCache())
+                                     decode_cache=DecodeCache(), prefilter=self._shed_before_decode)
         self.alerter = Alerter(self.store, options.webhooks, options.alertmanager, options.webhook_secret,
                                options.external_url)
         try:
@@ -119,6 +122,16 @@ class RcaService:
         self.metrics.inc("mycroft_rca_requests_rejected_total", reason=reason)
         if spans:
             self.metrics.inc("mycroft_rca_spans_dropped_total", spans, reason=reason)
+
+    def _shed_before_decode(self, request: ExportTraceServiceRequest) -> int:
+        """Under an op-span backlog, a gRPC request keeps only its heartbeats, dropped before the
+        costly decode: the decoder threads stay free for heartbeats (they never queue behind it)."""
+        if not self.ingest.congested():
+            return 0
+        shed = keep_only_named(request, schema.SPAN_HEARTBEAT)
+        if shed:
+            self.metrics.inc("mycroft_rca_spans_dropped_total", shed, reason="shed_before_decode")
+        return shed
 
     def _apply(self, records: list[SpanRecord], received_at: float) -> None:
         rejected: dict[str, int] = {}

@@ -78,15 +78,20 @@ def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: flo
     """Alive ranks with an op in flight longer than the threshold -> that op's age.
 
     A rank that missed its heartbeat is not counted: its in-flight age is an extrapolation
-    from a snapshot that a dead process can no longer correct.
+    from a snapshot that a dead process can no longer correct. Nor is an op whose snapshot
+    saw it in flight for less than half the threshold: between heartbeats its age is
+    extrapolated by at most that much, so a heartbeat delayed in transit (a collector or
+    decoder backlog) cannot age a healthy op past the threshold; the next heartbeat says
+    how old the op really is.
     """
     hung: dict[int, float] = {}
+    reach = threshold / 2
     for rank_id, rank in job.ranks.items():
         if status.get(rank_id) != ALIVE or not rank.inflight or late(job, rank, now, cfg):
             continue
-        age = max(op.age_at(now) for op in rank.inflight)
-        if age > threshold:
-            hung[rank_id] = age
+        seen = max(op.age_s + min(max(0.0, now - op.observed_at), reach) for op in rank.inflight)
+        if seen > threshold:
+            hung[rank_id] = max(op.age_at(now) for op in rank.inflight)
     return hung
 
 

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .findings import CRITICAL, RC_MISMATCH, RC_NOT_ENTERED, RC_PROCESS_EXITED, RC_PROCESS_LOST, SEVERITY, Finding
+from .findings import (
+    CRITICAL,
+    RC_MISMATCH,
+    RC_NOT_ENTERED,
+    RC_PROCESS_EXITED,
+    RC_PROCESS_LOST,
+    SEVERITY,
+    SLOWDOWN,
+    Finding,
+)
 
 FIRING = "firing"
 RESOLVED = "resolved"
@@ -216,6 +225,11 @@ class IncidentTracker:
             current.view = finding.drawing() or current.view
             if current.root_cause_at is None:
                 current.root_cause_at = now
+            changed = True
+        elif causes and current.kind == SLOWDOWN and \
+                [c.get("evidence", {}).get("mode") for c in causes] != [c.get("evidence", {}).get("mode") for c in old]:
+            current.root_causes = causes  # same straggler, other rule (onset <-> imbalance): its text follows
+            current.summary = finding.summary
             changed = True
         if causes and current.consequence_of is None and finding.severity != current.severity:
             current.severity = finding.severity

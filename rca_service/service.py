@@ -188,7 +188,8 @@ class RcaService:
     def list_incidents(self, limit: int, job: str | None, status: str | None,
                        principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]:
         allowed = None if principal.all_jobs else principal.allows_job
-        return self.store.list_incidents(limit, job, status, job_allowed=allowed)
+        listed = self.store.list_incidents(limit, job, status, job_allowed=allowed)
+        return [{k: v for k, v in inc.items() if k != "view"} for inc in listed]  # drawings: on the page / GET one
 
     def get_incident(self, incident_id: str) -> dict[str, Any] | None:
         return self.store.get(incident_id)

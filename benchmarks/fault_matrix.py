@@ -169,7 +169,10 @@ def main() -> int:
     parser.add_argument("--json", help="write every run and the summary here")
     parser.add_argument("--log-dir", help="keep job logs here (wrong runs keep theirs in /tmp anyway)")
     parser.add_argument("--net", action="store_true", help="world: also the network faults (root: namespaces, tc)")
+    parser.add_argument("--report", metavar="FILE", help="only print the tables of a JSON written by --json")
     args = parser.parse_args()
+    if args.report:
+        return reprint(args.report)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     chosen = args.faults.split(",") if args.faults else None
@@ -205,18 +208,7 @@ def main() -> int:
             results.append(r)
             print(("\r\033[K" if tty else "") + f"[{k}/{len(plan)}] {describe(r)}", flush=True)
     took = time.time() - started
-    faulty = [r for r in results if r.fault not in HEALTHY]
-    print()
-    print(table(faulty))
-    if any(r.fault in HEALTHY for r in results):
-        print()
-        print(_healthy_table(results))
-    s = summary(results)
-    n = max(1, s["faulty_runs"])
-    print(f"\nfaults: correct {s['faulty_correct']}/{s['faulty_runs']} ({100 * s['faulty_correct'] / n:.0f}%), "
-          f"diagnosis p90 {s['diagnosis_p90_s'] or 0:.2f}s, alert p90 {s['alert_p90_s'] or 0:.2f}s; "
-          f"healthy: {s['healthy_clean']}/{s['healthy_runs']} clean, "
-          f"{s['healthy_criticals_and_alerts']} critical incidents + alerts; {took / 60:.1f} min")
+    s = report(results, took)
     if args.json:
         meta = {"seed": seed, "heartbeat_s": args.heartbeat, "commit": _git_head(), "host": platform.node(),
                 "cpus": os.cpu_count(), "took_s": took, "argv": sys.argv[1:],
@@ -225,6 +217,39 @@ def main() -> int:
                                               indent=2, default=str))
     return 0 if results and all(r.correct for r in results) else 1
 
+
+def report(results: list[RunResult], took: float | None = None) -> dict[str, Any]:
+    """Print the tables, one set per job family (8-rank 3D, 4-rank world); the summary by family."""
+    out: dict[str, Any] = {}
+    for family, mine in (("3d", [r for r in results if r.layout != WORLD]),
+                         ("world", [r for r in results if r.layout == WORLD])):
+        if not mine:
+            continue
+        faulty = [r for r in mine if r.fault not in HEALTHY]
+        print(f"\n{'8-rank 3D jobs (TP x PP x DP)' if family == '3d' else '4-rank world all_reduce job'}:")
+        if faulty:
+            print(table(faulty))
+        if any(r.fault in HEALTHY for r in mine):
+            print()
+            print(_healthy_table(mine))
+        s = out[family] = summary(mine)
+        n = max(1, s["faulty_runs"])
+        print(f"faults: correct {s['faulty_correct']}/{s['faulty_runs']} ({100 * s['faulty_correct'] / n:.0f}%), "
+              f"diagnosis p90 {s['diagnosis_p90_s'] or 0:.2f}s, alert p90 {s['alert_p90_s'] or 0:.2f}s; "
+              f"healthy: {s['healthy_clean']}/{s['healthy_runs']} clean, "
+              f"{s['healthy_criticals_and_alerts']} critical incidents + alerts")
+    if took is not None:
+        print(f"\n{len(results)} runs in {took / 60:.1f} min")
+    return out
+
+
+def reprint(path: str) -> int:
+    """`--report FILE`: the tables of a JSON this script wrote, without running anything."""
+    doc = json.loads(Path(path).read_text())
+    results = [RunResult(**r) for r in doc["runs"]]
+    print(f"{path}: {doc.get('meta', {})}")
+    report(results, (doc.get("meta") or {}).get("took_s"))
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

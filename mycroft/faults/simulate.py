@@ -77,7 +77,7 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
         plan.append(requests)
         k += 1
     stats["build_s"] = time.perf_counter() - built
-    pending: list[tuple[str, int, Any]] = []
+    pending: list[tuple[str, int, Any, bytes]] = []
     for k, requests in enumerate(plan):
         wait = start + k * interval + offset - time.time()
         if wait > 0:
@@ -89,31 +89,40 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
             # asynchronous, like thousands of independent ranks: a slow service does not slow the
             # offered load down; it queues, sheds or refuses (bounded in flight per sender)
             while len(pending) >= 64:
-                _settle(pending.pop(0), stats)
+                _settle(pending.pop(0), stats, export)
             stats["hb" if kind == "hb" else "ops"] += count
             stats["hb_bytes" if kind == "hb" else "op_bytes"] += len(payload)
-            pending.append((kind, count, export.future(payload, timeout=10)))
+            pending.append((kind, count, export.future(payload, timeout=10), payload))
         while pending and pending[0][2].done():
-            _settle(pending.pop(0), stats)
+            _settle(pending.pop(0), stats, export)
     for item in pending:
-        _settle(item, stats)
+        _settle(item, stats, export)
     channel.close()
     out.put(stats)
 
 
-def _settle(item: tuple[str, int, Any], stats: dict[str, Any]) -> None:
-    """Wait for one export; a refusal loses its spans (an OTLP exporter would retry heartbeats, later)."""
-    kind, count, future = item
+def _settle(item: tuple[str, int, Any, bytes], stats: dict[str, Any], export: Any) -> None:
+    """Wait for one export. A refused heartbeat request is retried twice with backoff, as OTLP
+    exporters retry RESOURCE_EXHAUSTED; refused op spans are lost."""
+    kind, count, future, payload = item
     try:
         answer = future.result()
         if answer:  # a partial success: the service shed this request's op spans
             stats["op_shed_answers"] += 1
+        return
     except Exception:
-        if kind == "hb":
-            stats["hb_refused"] += 1
-            stats["hb_lost"] += count
-        else:
+        if kind != "hb":
             stats["op_refused"] += count
+            return
+    stats["hb_refused"] += 1
+    for attempt in range(2):
+        time.sleep(0.1 * (attempt + 1))
+        try:
+            export(payload, timeout=10)
+            return
+        except Exception:
+            stats["hb_refused"] += 1
+    stats["hb_lost"] += count
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:

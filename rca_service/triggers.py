@@ -78,14 +78,14 @@ def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: flo
     """Alive ranks with an op in flight longer than the threshold -> that op's age.
 
     A rank that missed its heartbeat is not counted: its in-flight age is an extrapolation
-    from a snapshot that a dead process can no longer correct. Nor is an op whose snapshot
-    saw it in flight for less than half the threshold: between heartbeats its age is
-    extrapolated by at most that much, so a heartbeat delayed in transit (a collector or
-    decoder backlog) cannot age a healthy op past the threshold; the next heartbeat says
-    how old the op really is.
+    from a snapshot that a dead process can no longer correct. Between heartbeats an op's
+    age is extrapolated by at most 3/4 of the threshold, so a heartbeat delayed in transit
+    (a collector or decoder backlog) cannot age a young healthy op past the threshold; only
+    an op its snapshot already saw in flight for a quarter of it can be convicted before the
+    next heartbeat says how old it really is.
     """
     hung: dict[int, float] = {}
-    reach = threshold / 2
+    reach = 0.75 * threshold
     for rank_id, rank in job.ranks.items():
         if status.get(rank_id) != ALIVE or not rank.inflight or late(job, rank, now, cfg):
             continue

@@ -16,6 +16,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -168,8 +169,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the service (unless --endpoint), run the senders, watch the service; the JSON result."""
     procs: list[Any] = []
     service: list[subprocess.Popen[bytes]] = []
+    tmp = tempfile.mkdtemp(prefix="mycroft-sim-")
     try:
-        return _run(args, procs, service)
+        return _run(args, procs, service, tmp)
     finally:
         for p in procs:
             if p.is_alive():
@@ -181,15 +183,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     s.wait(10)
                 except subprocess.TimeoutExpired:
                     s.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Popen[bytes]],
+         tmp: str) -> dict[str, Any]:
     from mycroft.faults.bigjob import Layout
 
     layout = Layout(args.ranks, args.tp, args.pp)
     fault_rank = args.fault_rank if args.fault_rank >= 0 else layout.world // 2 + 3
     job_id = f"bigjob-{args.ranks}-{os.getpid()}-{int(time.time())}"
-    tmp = tempfile.mkdtemp(prefix="mycroft-sim-")
     service: subprocess.Popen[bytes] | None = None
     if args.endpoint:
         grpc_port = int(args.endpoint.rsplit(":", 1)[1])

@@ -298,26 +298,44 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
         command = job_command(nproc, free_port(), "mycroft.faults.job3d")
     run_env.update(env or {})
     started = time.time()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, env=run_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        if healthy:
-            steps = int(run_env.get("MYCROFT_JOB_STEPS", healthy_steps)) if shape else healthy_steps
-            _watch_healthy(rca, result, proc, startup_timeout_s + steps * 1.0, heartbeat,
-                           rank if fault == "slow_rank" else None)
+    for attempt in range(3):
+        if attempt:  # the free port was taken before torchrun bound it (parallel test suites): again
+            command = job_command(nproc, free_port(), command[command.index("-m") + 1])
+            result.extra["port_retries"] = attempt
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(command, env=run_env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            if healthy:
+                steps = int(run_env.get("MYCROFT_JOB_STEPS", healthy_steps)) if shape else healthy_steps
+                _watch_healthy(rca, result, proc, startup_timeout_s + steps * 1.0, heartbeat,
+                               rank if fault == "slow_rank" else None)
+            else:
+                _watch_fault(rca, result, proc, onset_file, startup_timeout_s, timeout_s,
+                             timeout_s if alert_timeout_s is None else alert_timeout_s, log_path)
+        finally:
+            if linger_s and result.incident is not None:
+                time.sleep(linger_s)  # let the faulty state run on, so the recorded traces show it
+            _kill_tree(proc)
+            result.wall_s = time.time() - started
+            if log_dir is None and result.correct:
+                shutil.rmtree(work, ignore_errors=True)
+            else:
+                result.extra["log"] = log_path
+        if result.correct or not _port_was_taken(log_path, result):
             return result
-        _watch_fault(rca, result, proc, onset_file, startup_timeout_s, timeout_s,
-                     timeout_s if alert_timeout_s is None else alert_timeout_s, log_path)
-        return result
-    finally:
-        if linger_s and result.incident is not None:
-            time.sleep(linger_s)  # let the faulty state run on, so the recorded traces show it
-        _kill_tree(proc)
-        result.wall_s = time.time() - started
-        if log_dir is None and result.correct:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            result.extra["log"] = log_path
+    return result
+
+
+def _port_was_taken(log_path: str, result: RunResult) -> bool:
+    """The launcher died binding its rendezvous port before any worker ran."""
+    if result.onset is not None or result.extra.get("exit") == 0:
+        return False
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return False
+    return "EADDRINUSE" in text and "failed to listen" in text
 
 
 def _watch_healthy(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], wait_s: float, heartbeat: float,

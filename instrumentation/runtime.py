@@ -292,7 +292,7 @@ class Runtime:
         if self._native is None:
             if time.monotonic() < self._native_next_try:
                 return
-            self._native_next_try = time.monotonic() + 1.0  # NCCL creates the ring at its first communicator
+            self._native_next_try = time.monotonic() + 0.25  # NCCL creates the ring at its first communicator
             try:
                 from mycroft.instrumentation.native_reader import NativeReader
 
@@ -436,7 +436,7 @@ class Runtime:
             self._drain_ops()
             with contextlib.suppress(Exception):  # and what NCCL finished (held records go as they are)
                 self._native_next_try = 0.0
-                if self._native is not None:
+                if self.config.native:  # also when the reader is not open yet: it opens in the drain
                     native_flush(self.config.native_linger_s)
                 self._drain_native()
                 if self._native is not None:

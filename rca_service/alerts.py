@@ -17,6 +17,7 @@ persistent outbox and are retried with exponential backoff.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import html
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .findings import at_least
-from .incidents import RESOLVED, Incident, rfc3339
+from .incidents import REFRESHED, RESOLVED, Incident, rfc3339
 from .pages import root_cause_line
 from .store import Store
 
@@ -74,6 +75,32 @@ def should_alert(action: str, incident: Incident, min_severity: str) -> bool:
     if action == "resolved":
         return incident.alerted
     return incident.alerted or at_least(incident.severity, min_severity)
+
+
+SEND = "send"
+STAND_DOWN = "stand_down"
+
+
+def alert_action(action: str, incident: Incident, min_severity: str) -> str | None:
+    """What receivers get for one incident event: SEND its state, STAND_DOWN, or nothing.
+
+    A paged incident whose severity falls below `min_severity` while it still fires (its
+    holder turned out to be in a checkpoint, say) stands down: receivers get it as
+    resolved, so nobody stays paged for a normal pause; it pages again if it rises.
+    """
+    if action == REFRESHED or not should_alert(action, incident, min_severity):
+        return None
+    if action != "resolved" and incident.alerted and not at_least(incident.severity, min_severity):
+        return STAND_DOWN
+    return SEND
+
+
+def stood_down(incident: Incident, now: float) -> Incident:
+    """The incident as receivers see it when it stands down: resolved there, firing here."""
+    return dataclasses.replace(
+        incident, status=RESOLVED, resolved_at=now, updated_at=now,
+        evidence={**incident.evidence,
+                  "resolved_because": f"severity fell to {incident.severity}: {incident.severity_reason}"})
 
 
 def alert_labels(incident: Incident) -> dict[str, str]:

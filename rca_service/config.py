@@ -45,6 +45,10 @@ class AnalysisConfig:
     straggle_min_growth: float = 0.10  # compute share up this much more than the others' (which fall)
     straggle_min_slowdown: float = 1.05  # and the job completes ops at least this much slower
     straggle_persistence: float = 0.8  # in this share of the recent intervals
+    # a strong onset is named from a shorter window (every interval must show it)
+    straggle_fast_beats: int = 3
+    straggle_fast_growth: float = 0.20
+    straggle_fast_slowdown: float = 1.15
     comm_min_wait_growth: float = 0.08  # a transport slowdown: the ranks' wait share up this much
     imbalance_min_excess: float = 0.05  # compute share above the same-work peers' median
     straggle_warning_slowdown: float = 1.15  # job op rate down this much: a warning, else info

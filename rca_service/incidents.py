@@ -25,6 +25,7 @@ from .findings import (
 
 FIRING = "firing"
 RESOLVED = "resolved"
+REFRESHED = "refreshed"  # event: same story, current evidence (saved for the API; never alerts)
 
 
 def rfc3339(ts: float) -> str:
@@ -107,7 +108,7 @@ class Incident:
 class Event:
     """A change worth persisting and alerting on."""
 
-    action: str  # "fired", "updated", "resolved"
+    action: str  # "fired", "updated", "resolved", REFRESHED
     incident: Incident
 
 
@@ -141,9 +142,10 @@ class IncidentTracker:
     """
 
     def __init__(self, resolve_after_s: float, firing: list[Incident] | None = None,
-                 consequence_window_s: float = 120.0) -> None:
+                 consequence_window_s: float = 120.0, refresh_after_s: float = 5.0) -> None:
         self.resolve_after_s = resolve_after_s
         self.consequence_window_s = consequence_window_s
+        self.refresh_after_s = refresh_after_s  # at most this often, evidence of an unchanged story
         self.active: dict[str, Incident] = {i.key: i for i in (firing or []) if i.status == FIRING}
         self._recent_critical: dict[str, Incident] = {}  # job -> its latest critical incident
 
@@ -190,6 +192,8 @@ class IncidentTracker:
             current.last_seen_at = now
             if self._update(current, finding, causes, now):
                 events.append(Event("updated", current))
+            elif self._refresh(current, finding, causes, now):
+                events.append(Event(REFRESHED, current))
         for key, incident in list(self.active.items()):
             if incident.job != job or key in seen:
                 continue
@@ -242,6 +246,24 @@ class IncidentTracker:
             current.updates += 1
             self._note_severity(current, now)
         return changed
+
+    def _refresh(self, current: Incident, finding: Finding, causes: list[dict[str, Any]], now: float) -> bool:
+        """Same root causes and severity: bring the evidence up to date (more ranks now wait,
+        the chain grew, ages), at most every refresh_after_s; the first cause and its
+        consequences stay as they are."""
+        if not causes or _cause_signature(causes) != _cause_signature(current.root_causes) or \
+                now - current.updated_at < self.refresh_after_s or current.consequence_of is not None:
+            return False
+        if (finding.summary, finding.graph, finding.evidence, causes) == \
+                (current.summary, current.graph, current.evidence, current.root_causes):
+            return False
+        current.root_causes = causes
+        current.summary = finding.summary
+        current.graph = finding.graph
+        current.evidence = finding.evidence
+        current.view = finding.drawing() or current.view
+        current.updated_at = now
+        return True
 
     def _note_severity(self, incident: Incident, now: float) -> None:
         if incident.severity == CRITICAL:

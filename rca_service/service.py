@@ -21,11 +21,11 @@ from mycroft.otlp import DecodeCache, SpanRecord, keep_only_named
 from mycroft.otlp_server import OtlpReceiver, split_host_port
 from mycroft.security_cli import warn_if_open
 
-from .alerts import Alerter, should_alert
+from .alerts import SEND, STAND_DOWN, Alerter, alert_action, stood_down
 from .api import ApiServer
 from .config import AnalysisConfig
 from .engine import Engine
-from .incidents import FIRING
+from .incidents import FIRING, REFRESHED
 from .ingest import Forwarder, IngestQueue
 from .metrics import Metrics
 from .store import Store
@@ -163,15 +163,17 @@ class RcaService:
         self.metrics.set("mycroft_rca_jobs", jobs)
         for event in events:
             incident = event.incident
-            page = self.alerter.enabled and should_alert(event.action, incident, self.options.alert_min_severity)
-            if page and event.action != "resolved":
-                incident.alerted = True
+            page = alert_action(event.action, incident, self.options.alert_min_severity) \
+                if self.alerter.enabled else None
+            if page is not None and event.action != "resolved":
+                incident.alerted = page == SEND
             self.store.save(incident)  # before the alert: what was sent is always on record
             self.metrics.inc("mycroft_rca_incident_events_total", action=event.action, kind=incident.kind)
-            level = logging.WARNING if incident.severity != "info" else logging.INFO
+            level = logging.DEBUG if event.action == REFRESHED else \
+                logging.WARNING if incident.severity != "info" else logging.INFO
             log.log(level, "incident %s %s (%s): %s", event.action, incident.id, incident.severity, incident.summary)
-            if page:
-                self.alerter.notify(incident, now)
+            if page is not None:
+                self.alerter.notify(stood_down(incident, now) if page == STAND_DOWN else incident, now)
         if self.alerter.enabled and now - self._last_refresh >= self.options.alertmanager_refresh_s:
             self._last_refresh = now
             self.alerter.refresh([i for i in self.engine.tracker.active.values() if i.alerted], now)

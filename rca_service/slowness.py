@@ -169,33 +169,58 @@ def job_wait_growth(job: JobState, cfg: AnalysisConfig) -> tuple[float, float] |
     return drop, (base_rate / recent_rate if recent_rate > 0 else 1.0)
 
 
-def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
-    """The rank whose compute explains the job's slowness, if one does."""
-    windows = {r: w for r, rank in job.ranks.items()
-               if (w := work_window(rank, cfg, cfg.slow_recent_beats)) is not None}
-    if len(windows) < 2:
-        return None
-    based = {r: w for r, w in windows.items() if not math.isnan(w.base)}
+def _slowdown(windows: dict[int, WorkWindow]) -> float:
+    """Job op rate, baseline over recent (medians over the ranks; 1.0 without a baseline)."""
+    based = [w.base_rate for w in windows.values() if not math.isnan(w.base)]
+    if not windows or not based:
+        return 1.0
     recent_rate = statistics.median(w.recent_rate for w in windows.values())
-    base_rate = statistics.median(w.base_rate for w in based.values()) if based else recent_rate
-    slowdown = base_rate / recent_rate if recent_rate > 0 else 1.0
-    # onset: a rank whose compute share held or grew while everyone else's fell (they wait on it)
+    return statistics.median(based) / recent_rate if recent_rate > 0 else 1.0
+
+
+def _onset(job: JobState, cfg: AnalysisConfig, beats: int, min_growth: float, min_slowdown: float,
+           min_persistence: float) -> Straggle | None:
+    """A rank whose compute share held or grew while everyone else's fell (they wait on it)."""
+    windows = {r: w for r, rank in job.ranks.items() if (w := work_window(rank, cfg, beats)) is not None}
+    based = {r: w for r, w in windows.items() if not math.isnan(w.base)}
+    if len(based) < 2:
+        return None
+    slowdown = _slowdown(windows)
     growth = {r: w.recent - w.base for r, w in based.items()}
-    top = max(growth, key=growth.__getitem__) if len(growth) >= 2 else -1
-    rest = [r for r in growth if r != top] if top >= 0 else []
-    own = windows.get(top, next(iter(windows.values())))
-    spread = growth[top] - statistics.median(growth[r] for r in rest) if rest else 0.0
-    if rest and growth[top] >= -cfg.straggle_min_growth / 3 and spread >= cfg.straggle_min_growth \
-            and slowdown >= cfg.straggle_min_slowdown:
-        base_gap = own.base - statistics.median(based[r].base for r in rest)
-        gaps = _aligned_gaps(own, [based[r] for r in rest])
-        persistence = _persistence([g - base_gap for g in gaps], spread / 2)
-        if persistence >= cfg.straggle_persistence:
-            return Straggle(top, "onset", spread, persistence, slowdown, own,
-                            victims=_victims(job, windows, top))
+    top = max(growth, key=growth.__getitem__)
+    rest = [r for r in growth if r != top]
+    own = based[top]
+    spread = growth[top] - statistics.median(growth[r] for r in rest)
+    if growth[top] < -min_growth / 3 or spread < min_growth or slowdown < min_slowdown:
+        return None
+    base_gap = own.base - statistics.median(based[r].base for r in rest)
+    gaps = _aligned_gaps(own, [based[r] for r in rest])
+    persistence = _persistence([g - base_gap for g in gaps], spread / 2)
+    if persistence < min_persistence:
+        return None
+    return Straggle(top, "onset", spread, persistence, slowdown, own, victims=_victims(job, windows, top))
+
+
+def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
+    """The rank whose compute explains the job's slowness, if one does.
+
+    A strong onset (compute share up 20 points against the others', the job 15% slower, in
+    every interval) is named from a short window, so a big straggler is named in about
+    three heartbeats; a milder one needs the longer window.
+    """
+    fast = _onset(job, cfg, cfg.straggle_fast_beats, cfg.straggle_fast_growth, cfg.straggle_fast_slowdown, 1.0)
+    if fast is not None:
+        return fast
+    onset = _onset(job, cfg, cfg.slow_recent_beats, cfg.straggle_min_growth, cfg.straggle_min_slowdown,
+                   cfg.straggle_persistence)
+    if onset is not None:
+        return onset
     # imbalance: a rank computing more than the ranks that do the same work (a longer window)
     windows = {r: w for r, rank in job.ranks.items()
                if (w := work_window(rank, cfg, cfg.imbalance_beats)) is not None}
+    if len(windows) < 2:
+        return None
+    slowdown = _slowdown(windows)
     groups = peer_groups(job)
     # a rank can only exceed its peers' median by as much as it exceeds the lowest of its groups'
     # medians (when its groups share no one but itself): most ranks are ruled out without a union

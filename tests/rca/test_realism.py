@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from mycroft.rca_service.alerts import should_alert
+from mycroft.rca_service.alerts import SEND, STAND_DOWN, alert_action, should_alert, stood_down, webhook_payload
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
-from mycroft.rca_service.incidents import Incident
+from mycroft.rca_service.incidents import REFRESHED, Incident
 from mycroft.rca_service.pauses import match_phase, stack_signature
 from mycroft.rca_service.synthetic import StepJob, collective, heartbeat
 
@@ -122,6 +122,39 @@ def test_unknown_hang_is_critical_and_the_stack_reaches_the_incident() -> None:
     updates = [e for e in events if e.action == "updated"]
     assert updates, "the stack's arrival is an update of the incident"
     assert should_alert("updated", final, "critical")
+
+
+def test_a_paged_incident_that_falls_below_the_paging_severity_stands_down_and_pages_again_if_it_rises() -> None:
+    engine, job = _healthy()
+    events = _hold(engine, job, 4.0, holder=2, stack=HANG_STACK)
+    incident = next(e.incident for e in events if e.action == "fired")
+    incident = engine.tracker.active[incident.key]
+    assert incident.severity == "critical" and alert_action("updated", incident, "critical") == SEND
+    incident.alerted = True
+    incident.severity, incident.severity_reason = "info", "an expected phase: checkpoint"
+    assert alert_action("updated", incident, "critical") == STAND_DOWN
+    sent = webhook_payload(stood_down(incident, job.now))
+    assert sent["status"] == "resolved" and sent["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
+    assert "checkpoint" in sent["mycroft"]["incident"]["evidence"]["resolved_because"]
+    assert incident.status == "firing"  # still open here: the API keeps showing it
+    incident.alerted = False  # what the service records after standing down
+    assert alert_action("updated", incident, "critical") is None  # quiet while below
+    incident.severity = "critical"
+    assert alert_action("updated", incident, "critical") == SEND  # and pages again
+    assert alert_action("resolved", incident, "critical") is None  # a resolution of what is not paged: nothing
+
+
+def test_a_firing_hang_keeps_its_evidence_current_without_paging_again() -> None:
+    engine, job = _healthy()
+    events = _hold(engine, job, 12.0, holder=2, stack=HANG_STACK)
+    fired = next(e.incident for e in events if e.action == "fired")
+    refreshed = [e for e in events if e.action == REFRESHED]
+    assert refreshed, [e.action for e in events]
+    assert all(e.incident.root_causes[0]["rank"] == 2 for e in refreshed)  # the same story
+    assert all(alert_action(REFRESHED, e.incident, "info") is None for e in refreshed)  # never a page
+    assert len(refreshed) <= 12.0 / engine.tracker.refresh_after_s + 1  # bounded
+    final = engine.tracker.active[fired.key]
+    assert final.updated_at - fired.detected_at >= engine.tracker.refresh_after_s
 
 
 def test_learned_pause_second_time_is_info() -> None:

@@ -188,3 +188,35 @@ def test_compose_file_wires_the_services() -> None:
     datasources = {d["type"]: d["url"] for d in _load(CONFIG / "compose" / "grafana-datasources.yaml")["datasources"]}
     assert datasources == {"tempo": f"http://tempo:{tempo['server']['http_listen_port']}",
                            "jaeger": "http://jaeger:16686", "prometheus": "http://prometheus:9090"}
+
+
+# the loadbalancing exporter's own rules (opentelemetry-collector-contrib
+# exporter/loadbalancingexporter, config.go and README): what otelcol would refuse at start
+LB_ROUTING_KEYS_FOR_TRACES = {"traceID", "service", "attributes"}
+LB_RESOLVERS = {"static", "dns", "k8s", "aws_cloud_map"}
+
+
+def test_loadbalancing_exporters_follow_the_exporters_config_rules() -> None:
+    """No otelcol binary here: check each loadbalancing exporter against the upstream rules."""
+    seen = 0
+    for path in OTELCOL_FILES:
+        for name, exporter in (_load(path).get("exporters") or {}).items():
+            if name.split("/")[0] != "loadbalancing":
+                continue
+            seen += 1
+            where = f"{path.name}: {name}"
+            key = exporter.get("routing_key", "traceID")
+            assert key in LB_ROUTING_KEYS_FOR_TRACES, where
+            attributes = exporter.get("routing_attributes")
+            # routing_attributes only has meaning with routing_key attributes, which needs it
+            assert (key == "attributes") == bool(attributes), where
+            assert set(exporter) <= {"routing_key", "routing_attributes", "protocol", "resolver", "timeout",
+                                     "sending_queue", "retry_on_failure"}, where
+            resolver = exporter["resolver"]
+            assert len(resolver) == 1 and set(resolver) <= LB_RESOLVERS, where
+            assert set(exporter["protocol"]) == {"otlp"}, where  # the only protocol it speaks
+            # every OTLP exporter option but the endpoint: the resolver says where
+            assert "endpoint" not in exporter["protocol"]["otlp"], where
+            hostnames = resolver.get("static", {}).get("hostnames", [])
+            assert len(hostnames) >= 2 and all(_port(h) > 0 for h in hostnames), where
+    assert seen >= 2

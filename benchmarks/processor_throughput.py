@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from mycroft.collector_processor import synthetic as syn
 from mycroft.collector_processor.config import ProcessorConfig
 from mycroft.collector_processor.pipeline import CollectorProcessor
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from mycroft import schema
+from mycroft.faults import made_up_spans as syn
 from mycroft.otlp import SpanRecord, request_from_records
 
 BIN = Path(sys.executable).parent

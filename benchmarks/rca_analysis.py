@@ -18,8 +18,9 @@ import time
 
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.synthetic import Group, InFlightOp, collective, heartbeat
 from mycroft.rca_service.verdict import analyze_job
+
+from mycroft.faults.made_up_job import Group, InFlightOp, collective, heartbeat
 
 
 def build(world: int, tp: int, culprit: int, hang: bool, silent: bool, cfg: AnalysisConfig) -> tuple[JobState, float,

@@ -19,8 +19,8 @@ import time
 
 import grpc
 from mycroft.rca_service.service import RcaService, ServiceOptions
-from mycroft.rca_service.synthetic import StepJob
 
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import request_from_records
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from mycroft.collector_processor import synthetic as syn
 from mycroft.collector_processor.config import ProcessorConfig
 from mycroft.collector_processor.join import busbw_factor
 from mycroft.collector_processor.pipeline import CollectorProcessor, Output
 
 from mycroft import schema
+from mycroft.faults import made_up_spans as syn
 from mycroft.otlp import SpanRecord
 
 T0 = 1_700_000_000_000_000_000

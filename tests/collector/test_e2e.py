@@ -15,12 +15,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mycroft.collector_processor import synthetic as syn
 from mycroft.collector_processor.collector import EmbeddedCollector
 from mycroft.collector_processor.config import ProcessorConfig
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from mycroft import schema
+from mycroft.faults import made_up_spans as syn
 from mycroft.otlp import SpanRecord, request_from_records
 from mycroft.otlp_server import OtlpReceiver
 from tests.collector.procs import api_get, embedded_collector, processor_service, rca_service

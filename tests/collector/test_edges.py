@@ -13,7 +13,6 @@ from concurrent import futures
 
 import grpc
 import pytest
-from mycroft.collector_processor import synthetic as syn
 from mycroft.collector_processor.budget import BusyBudget
 from mycroft.collector_processor.collector import EmbeddedCollector, rotel_binary
 from mycroft.collector_processor.config import ProcessorConfig
@@ -25,6 +24,7 @@ from mycroft.collector_processor.tee import ExportTee
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from mycroft import schema
+from mycroft.faults import made_up_spans as syn
 from mycroft.otlp import SpanRecord, encode_json, request_from_records
 from mycroft.otlp_server import OtlpReceiver
 from tests.conftest import SpanSink

@@ -19,11 +19,11 @@ from typing import Any
 
 import grpc
 import pytest
-from mycroft.collector_processor import synthetic as syn
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from mycroft import schema
+from mycroft.faults import made_up_spans as syn
 from mycroft.otlp import request_from_records
 from tests.collector.procs import embedded_collector, processor_service, rss_kib
 

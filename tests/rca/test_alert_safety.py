@@ -14,9 +14,9 @@ from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.incidents import Incident
 from mycroft.rca_service.service import RcaService, ServiceOptions
 from mycroft.rca_service.store import Store
-from mycroft.rca_service.synthetic import StepJob
 
 from mycroft.auth import Authenticator
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import request_from_records
 
 from .helpers import WebhookReceiver, http, wait_until

@@ -13,9 +13,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from mycroft.rca_service.openapi import OPENAPI
 from mycroft.rca_service.service import RcaService, ServiceOptions
-from mycroft.rca_service.synthetic import StepJob
 
 from mycroft.auth import Authenticator
+from mycroft.faults.made_up_job import StepJob
 
 from .helpers import get_json, wait_until
 

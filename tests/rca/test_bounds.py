@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
-from mycroft.rca_service.synthetic import StepJob
 
 from mycroft import schema
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import SpanRecord, request_from_records
 
 from ..netprobe import post, raw_http, rss_mb

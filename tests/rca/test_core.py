@@ -7,10 +7,10 @@ import dataclasses
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.synthetic import Group, InFlightOp, StepJob, collective, heartbeat
 from mycroft.rca_service.verdict import analyze_job
 
 from mycroft import schema
+from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat
 from mycroft.otlp import SpanRecord
 
 CFG = AnalysisConfig()

@@ -13,9 +13,9 @@ import pytest
 pd = pytest.importorskip("pandas", reason="pandas is the optional 'analysis' extra")
 
 from mycroft.rca_service import cli, frames  # noqa: E402
-from mycroft.rca_service.synthetic import StepJob, heartbeat  # noqa: E402
 
 from mycroft import schema  # noqa: E402
+from mycroft.faults.made_up_job import StepJob, heartbeat  # noqa: E402
 from mycroft.otlp import SpanRecord, encode_json  # noqa: E402
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.service import RcaService, ServiceOptions
-from mycroft.rca_service.synthetic import StepJob
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import SpanRecord, request_from_records
 
 from .helpers import wait_until

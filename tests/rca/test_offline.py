@@ -20,9 +20,9 @@ import pytest
 from mycroft.rca_service import cli
 from mycroft.rca_service.flight_recorder import dump_to_records
 from mycroft.rca_service.offline import replay
-from mycroft.rca_service.synthetic import StepJob
 
 from mycroft import schema
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import SpanRecord, encode_json
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.incidents import IncidentTracker
 from mycroft.rca_service.pages import graph_svg, incident_page, jobs_page
 from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.synthetic import Group, InFlightOp, heartbeat
 from mycroft.rca_service.verdict import analyze_job
 
+from mycroft.faults.made_up_job import Group, InFlightOp, heartbeat
 from mycroft.otlp import encode_json
 
 from .test_offline import _hung_records

@@ -10,7 +10,8 @@ from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.incidents import REFRESHED, Incident
 from mycroft.rca_service.pauses import match_phase, stack_signature
-from mycroft.rca_service.synthetic import StepJob, collective, heartbeat
+
+from mycroft.faults.made_up_job import StepJob, collective, heartbeat
 
 CHECKPOINT_STACK = "train.py:88 in main\ntrain.py:40 in save_checkpoint\ntime.py:1 in sleep"
 HANG_STACK = "train.py:88 in main\ntrain.py:52 in wait_here_on_purpose"
@@ -256,7 +257,8 @@ def test_incident_round_trips_its_new_fields() -> None:
 def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]] | None = None, beat: float = 0.5):
     """A job state whose ranks' heartbeats carry the given compute shares per interval."""
     from mycroft.rca_service.state import JobState, RankState
-    from mycroft.rca_service.synthetic import Group
+
+    from mycroft.faults.made_up_job import Group
 
     job = JobState("w")
     tp = [Group("tp0", (0, 1)), Group("tp1", (2, 3))]

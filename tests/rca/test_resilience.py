@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mycroft.rca_service.synthetic import StepJob
 
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import SpanRecord, request_from_records
 
 from .helpers import WebhookReceiver, get_json, http, wait_until

@@ -20,10 +20,10 @@ import grpc
 import pytest
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.service import RcaService, ServiceOptions
-from mycroft.rca_service.synthetic import StepJob
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from mycroft.auth import AuthConfigError, Authenticator, sha256_hex
+from mycroft.faults.made_up_job import StepJob
 from mycroft.http_server import TlsFiles
 from mycroft.otlp import SpanRecord, request_from_records
 

@@ -14,9 +14,9 @@ import pytest
 from mycroft.rca_service.alerts import SIGNATURE_HEADER, verify
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.service import RcaService, ServiceOptions
-from mycroft.rca_service.synthetic import StepJob
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+from mycroft.faults.made_up_job import StepJob
 from mycroft.otlp import SpanRecord, encode_json, request_from_records
 from mycroft.otlp_server import OtlpReceiver
 

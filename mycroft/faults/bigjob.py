@@ -35,10 +35,30 @@ from mycroft.instrumentation.recorder import OpRecord
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
 from mycroft.otlp import AttrValue, SpanRecord, _kvs, _span_to_proto
 
-HEALTHY = "healthy"
-HOLDER = "holder"  # the rank that did not enter its TP collective
-TP_WAITER = "tp_waiter"  # its TP peers, waiting in that collective
-WORLD_WAITER = "world_waiter"  # everyone else, waiting in the next world all-reduce
+from .simfaults import (
+    COMPUTE,
+    CROSSED,
+    DP_WAITER,
+    FLOW_ROLES,
+    GPU_SLOW,
+    HANGS,
+    HEALTHY,
+    HOLDER,
+    INFLIGHT_GROUP,
+    MISMATCHED,
+    RING,
+    RING_STUCK,
+    SILENT,
+    SLOW,
+    SLOW_RING,
+    STALLED,
+    TP_WAITER,
+    WORLD_WAITER,
+    FaultPlan,
+    flow_attributes,
+    ring_flows,
+    step_time,
+)
 
 STACK = 'File "train.py", line 88, in train_step\n  File "model.py", line 212, in fused_attention'
 #: attributes that never change for a rank: serialized once per rank
@@ -48,6 +68,11 @@ STATIC_KEYS = (schema.ATTR_RANK, schema.ATTR_HB_GROUP_IDS, schema.ATTR_HB_GROUP_
 RANK_KEYS = (schema.ATTR_HB_INFLIGHT_GROUP_IDS,)
 #: per rank and beat: real ranks never report the same ages / comm time to the microsecond
 JITTER_KEYS = (schema.ATTR_HB_INFLIGHT_AGES_S, schema.ATTR_HB_COMM_S)
+#: native flow counters: per rank (peers, counters), appended after the shared body
+FLOW_PREFIX = "mycroft.hb.flow."
+
+
+NOISE = 0.02  # share of an interval
 
 
 def jitter_ns(rank: int) -> int:
@@ -98,22 +123,38 @@ def _attrs_bytes(attrs: dict[str, AttrValue]) -> bytes:
 
 @dataclass
 class Clock:
-    """The job's frontier: seqs completed per group kind, advanced once per tick."""
+    """The job's pace: training steps completed (a healthy step takes one interval) and the
+    cumulative communication seconds of a healthy rank and of the faulty one."""
 
     ops_per_s: int
-    tp: int = 0
-    dp: int = 0
-    world: int = 0
-    ops_done: int = 0
+    steps: float = 0.0
+    comm_s: float = 0.0  # what every rank that only waits reports
+    slow_comm_s: float = 0.0  # the rank whose compute grew (GPU faults)
 
-    def advance(self) -> None:
-        n = max(1, self.ops_per_s)
-        self.tp += max(1, n - 2)
-        if n >= 2:
-            self.dp += 1
-        if n >= 3:
-            self.world += 1
-        self.ops_done += n
+    @property
+    def tp(self) -> int:
+        return int(self.steps * max(1, self.ops_per_s - 2) + 1e-9)
+
+    @property
+    def dp(self) -> int:
+        return int(self.steps + 1e-9) if self.ops_per_s >= 2 else 0
+
+    @property
+    def world(self) -> int:
+        return int(self.steps + 1e-9) if self.ops_per_s >= 3 else 0
+
+    @property
+    def ops_done(self) -> int:
+        return self.tp + self.dp + self.world
+
+    def advance(self, interval_s: float, step: float = 1.0, own_compute: float = COMPUTE) -> None:
+        """One interval at `step` intervals per training step; the slow rank computes `own_compute`."""
+        self.steps += 1.0 / step
+        self.comm_s += interval_s * (step - COMPUTE) / step
+        self.slow_comm_s += interval_s * (step - own_compute) / step
+
+    def copy(self) -> Clock:
+        return Clock(self.ops_per_s, self.steps, self.comm_s, self.slow_comm_s)
 
 
 @dataclass
@@ -127,12 +168,14 @@ class BigJob:
     fault_rank: int = -1
     fault_at: float = 0.0  # unix time; 0: no fault
     run_id: str = "bigjob.0"
+    fault: FaultPlan | None = None  # default: block at fault_rank
     clock: Clock = field(init=False)
     groups: dict[int, list[GroupInfo]] = field(init=False, default_factory=dict)
     world_group: GroupInfo = field(init=False)
     _rank_bytes: dict[int, tuple[bytes, bytes, bytes]] = field(init=False, default_factory=dict)
     _op_base: dict[tuple[int, int], bytes] = field(init=False, default_factory=dict)
     _frozen: Clock | None = field(init=False, default=None)
+    _prev: Clock | None = field(init=False, default=None)
     counter: int = 0
 
     def __post_init__(self) -> None:
@@ -141,6 +184,10 @@ class BigJob:
         self._dp: dict[int, tuple[int, ...]] = {}
         world = tuple(range(self.layout.world))
         self.world_group = self._info("world", world, 0)  # group_rank per rank: rank_groups()
+        if self.fault is None:
+            self.fault = FaultPlan("block", self.fault_rank)
+        self.fault_rank = self.fault.rank
+        self._roles = self._role_table(self.fault)
 
     # ------------------------------------------------------------------ groups, as a rank holds them
     def _info(self, name: str, ranks: tuple[int, ...], group_rank: int) -> GroupInfo:
@@ -166,72 +213,122 @@ class BigJob:
             ]
         return found
 
-    # ------------------------------------------------------------------ situations
+    # ------------------------------------------------------------------ roles (simfaults.py)
+    def _role_table(self, p: FaultPlan) -> tuple[dict[int, str], str]:
+        """Ranks with a role of their own after the onset, and the role of everyone else."""
+        f, lay = p.rank, self.layout
+        if f < 0 or p.kind == "none":
+            return {}, HEALTHY
+        tp_peers = [r for r in lay.tp_ranks(f) if r != f]
+        ring = lay.dp_ranks(f)
+        if p.kind in ("block", "chain"):
+            return {f: HOLDER, **{r: TP_WAITER for r in tp_peers}}, DP_WAITER if p.kind == "chain" else WORLD_WAITER
+        if p.kind in ("crash", "freeze"):
+            return {f: SILENT, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
+        if p.kind == "mismatch":
+            return {f: MISMATCHED, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
+        if p.kind == "deadlock":
+            return {**{r: TP_WAITER for r in lay.tp_ranks(f)}, p.partner: CROSSED}, WORLD_WAITER
+        if p.kind == "nic_down":
+            return {r: RING_STUCK for r in ring}, WORLD_WAITER
+        if p.kind == "straggler":
+            return {f: SLOW}, HEALTHY
+        if p.kind in GPU_SLOW:
+            return {**{r: RING for r in ring}, f: SLOW_RING}, HEALTHY
+        return {r: RING for r in ring}, HEALTHY  # NET_SLOW
+
     def situation(self, rank: int, now: float) -> str:
         if not self.fault_at or now < self.fault_at or self.fault_rank < 0:
             return HEALTHY
-        if rank == self.fault_rank:
-            return HOLDER
-        if rank in self.layout.tp_ranks(self.fault_rank):
-            return TP_WAITER
-        return WORLD_WAITER
+        own, rest = self._roles
+        return own.get(rank, rest)
+
+    def sends(self, rank: int, now: float) -> bool:
+        """A crashed or frozen rank sends nothing from the onset on (no final heartbeat)."""
+        return self.situation(rank, now) != SILENT
 
     def tick(self, now: float) -> None:
-        """One heartbeat interval passed: the frontier moves (unless the job hangs)."""
+        """One heartbeat interval passed: the job moves at its pace (or stops, when it hangs)."""
+        assert self.fault is not None
         self.counter += 1
+        self._prev = self.clock.copy()
         if self.fault_at and now >= self.fault_at:
-            if self._frozen is None:  # the ops in flight at the last healthy beat completed; then it stops
-                self.clock.advance()
-                self._frozen = Clock(self.clock.ops_per_s, self.clock.tp, self.clock.dp, self.clock.world,
-                                     self.clock.ops_done)
+            if self.fault.kind in HANGS:
+                if self._frozen is None:  # the ops in flight at the last healthy beat completed; then it stops
+                    self.clock.advance(self.interval_s)
+                    self._frozen = self.clock.copy()
+                return
+            step, own = step_time(self.fault, self.counter)
+            self.clock.advance(self.interval_s, step, own)
             return
-        self.clock.advance()
+        self.clock.advance(self.interval_s)
 
     def record(self, rank: int, now: float) -> SpanRecord:
         """The rank's heartbeat as the instrumentation builds it (spans.py + runtime.py's extras)."""
+        assert self.fault is not None
         clock = self._frozen or self.clock
         groups = self.rank_groups(rank)
         tp, dp, world = groups
         kind = self.situation(rank, now)
-        stalled = now - self.fault_at if kind != HEALTHY else 0.0
         tp.issued, tp.completed = clock.tp, clock.tp
         dp.issued, dp.completed = clock.dp, clock.dp
         world.issued, world.completed = clock.world, clock.world
         now_ns = int(now * 1e9)
         inflight: list[OpRecord] = []
-        if kind in (HEALTHY, TP_WAITER):
-            op = OpRecord("all_reduce", schema.OP_ALL_REDUCE, tp, clock.tp + 1, self._op_start(rank, kind, now))
-            tp.issued = op.seq
-            inflight.append(op)
-        elif kind == WORLD_WAITER:
-            op = OpRecord("all_reduce", schema.OP_ALL_REDUCE, world, clock.world + 1, self._op_start(rank, kind, now))
-            world.issued = op.seq
-            inflight.append(op)
-        for op in inflight:
+        g = INFLIGHT_GROUP.get(kind)
+        if g is not None:
+            info = groups[g]
+            op = OpRecord("all_reduce", schema.OP_ALL_REDUCE, info, info.completed + 1,
+                          self._op_start(rank, kind, now))
+            info.issued = op.seq
             op.bytes, op.dtype = 1 << 20, "float32"
-        idle_s = stalled if kind == HOLDER else 0.0
+            if kind == MISMATCHED:
+                if self.fault.mismatch_field == "dtype":
+                    op.dtype = "float64"
+                else:
+                    op.bytes = 2 << 20
+            inflight.append(op)
+        idle_s = now - self.fault_at if kind == HOLDER else 0.0
         attributes = heartbeat_attributes(groups, inflight, now_ns, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = 0
         attributes[schema.ATTR_HB_COMM_S] = self._comm_s(rank, kind, now)
         attributes[schema.ATTR_HB_OPS_DONE] = clock.ops_done
         if kind == HOLDER and idle_s >= 0.5:
             attributes[schema.ATTR_HB_STACK] = STACK
+        if kind in FLOW_ROLES:
+            attributes.update(self._flows(rank, kind, now))
         start_ns = now_ns - int(self.interval_s * 1e9)
         return heartbeat_span(rank, self.counter, self.interval_s, start_ns, now_ns, attributes, _RNG)
 
+    def _flows(self, rank: int, kind: str, now: float) -> dict[str, AttrValue]:
+        """The native flow counters of the rank's in-flight DP all-reduce (simfaults.ring_flows)."""
+        assert self.fault is not None
+        dp = self.rank_groups(rank)[1]
+        comm = dp.gid[:16]  # a stable per-group NCCL commHash stand-in (hex)
+        flows = ring_flows(self.fault, dp.ranks, rank, self._stalled(RING_STUCK, now), self.counter)
+        return dict(flow_attributes(flows, comm, (self._frozen or self.clock).dp + 1, rank))
+
     def _stalled(self, kind: str, now: float) -> float:
-        return now - self.fault_at if kind != HEALTHY else 0.0
+        return now - self.fault_at if kind in STALLED else 0.0
 
     def _op_start(self, rank: int, kind: str, now: float) -> int:
         return int(now * 1e9) - int((self._stalled(kind, now) or 0.004) * 1e9) - jitter_ns(rank)
 
     def _comm_s(self, rank: int, kind: str, now: float) -> float:
-        waited = self._stalled(kind, now) if kind != HOLDER else 0.0
-        return round(0.4 * self.counter * self.interval_s + waited + jitter_ns(rank) / 1e9, 6)
+        clock = self._frozen or self.clock
+        comm = clock.slow_comm_s if kind in (SLOW, SLOW_RING) else clock.comm_s
+        return round(comm + self._stalled(kind, now) + jitter_ns(rank) / 1e9 + self._noise(rank), 6)
+
+    def _noise(self, rank: int) -> float:
+        """Real ranks do not wait the same to the millisecond: +-NOISE of an interval per beat
+        (deterministic in rank and beat, so spliced and built heartbeats agree)."""
+        h = (rank * 2654435761 + self.counter * 40503 + 12345) % 100_003
+        return NOISE * self.interval_s * (2 * h / 100_003 - 1)
 
     def _jitter_bytes(self, rank: int, kind: str, now: float) -> bytes:
         """The rank's own ages and comm time, computed as heartbeat_attributes() computes them."""
-        ages = [round(max(0, int(now * 1e9) - self._op_start(rank, kind, now)) / 1e9, 4)] if kind != HOLDER else []
+        ages = ([round(max(0, int(now * 1e9) - self._op_start(rank, kind, now)) / 1e9, 4)]
+                if INFLIGHT_GROUP.get(kind) is not None else [])
         return _attrs_bytes({schema.ATTR_HB_INFLIGHT_AGES_S: ages,
                              schema.ATTR_HB_COMM_S: self._comm_s(rank, kind, now)})
 
@@ -257,20 +354,28 @@ class BigJob:
         return found
 
     def heartbeat_bytes(self, ranks: Sequence[int], now: float) -> bytes:
-        """One ExportTraceServiceRequest holding one heartbeat of each rank (spliced, see module doc)."""
+        """One ExportTraceServiceRequest holding one heartbeat of each rank (that still sends)."""
+        return self.heartbeat_request(ranks, now)[0]
+
+    def heartbeat_request(self, ranks: Sequence[int], now: float) -> tuple[bytes, int]:
+        """One ExportTraceServiceRequest holding one heartbeat of each rank that still sends
+        (spliced, see module doc), and how many heartbeats it holds."""
         shared: dict[str, bytes] = {}
         per_rank: dict[tuple[str, str], bytes] = {}
         out = []
         for rank in ranks:
-            resource_tag, scope, static = self.prepare(rank)
             kind = self.situation(rank, now)
+            if kind == SILENT:
+                continue
+            resource_tag, scope, static = self.prepare(rank)
             body = shared.get(kind)
             if body is None:
                 record = self.record(rank, now)
                 span = _span_to_proto(SpanRecord(record.trace_id, record.span_id, record.name, record.start_ns,
                                                  record.end_ns, {k: v for k, v in record.attributes.items()
                                                                  if k not in STATIC_KEYS and k not in RANK_KEYS
-                                                                 and k not in JITTER_KEYS},
+                                                                 and k not in JITTER_KEYS
+                                                                 and not k.startswith(FLOW_PREFIX)},
                                                  status_code=record.status_code))
                 body = shared[kind] = span.SerializeToString()
             gid = self._inflight_gid(rank, kind)
@@ -278,38 +383,32 @@ class BigJob:
             own = per_rank.get(key)
             if own is None:
                 own = per_rank[key] = _attrs_bytes({schema.ATTR_HB_INFLIGHT_GROUP_IDS: [gid] if gid else []})
+            flows = _attrs_bytes(self._flows(rank, kind, now)) if kind in FLOW_ROLES else b""
             ids = b"\x0a\x10" + os.urandom(16) + b"\x12\x08" + os.urandom(8)
-            span_bytes = body + static + own + self._jitter_bytes(rank, kind, now) + ids
+            span_bytes = body + static + own + self._jitter_bytes(rank, kind, now) + flows + ids
             scope_spans = scope + _field(2, span_bytes)
             rs = resource_tag + _varint(len(scope_spans)) + scope_spans
             out.append(_field(1, rs))
-        return b"".join(out)
+        return b"".join(out), len(out)
 
     def _inflight_gid(self, rank: int, kind: str) -> str:
-        tp, _, world = self.rank_groups(rank)
-        if kind in (HEALTHY, TP_WAITER):
-            return tp.gid
-        if kind == WORLD_WAITER:
-            return world.gid
-        return ""
+        g = INFLIGHT_GROUP.get(kind)
+        return self.rank_groups(rank)[g].gid if g is not None else ""
 
     def op_span_bytes(self, ranks: Sequence[int], now: float, keep: float = 1.0) -> tuple[bytes, int]:
         """The op spans the ranks finished in the last interval (none while hung), head-sampled
         by trace id at rate `keep` (schema.keep_trace: every rank keeps the same collectives).
         Returns (request bytes, spans in it)."""
-        if self.fault_at and now >= self.fault_at:
+        assert self.fault is not None
+        if self.fault_at and now >= self.fault_at and self.fault.kind in HANGS:
             return b"", 0
-        clock = self.clock
-        n = max(1, self.ops_per_s)
-        step_ns = int(self.interval_s * 1e9 / n)
+        clock, prev = self.clock, self._prev or Clock(self.ops_per_s)
         start = int(now * 1e9) - int(self.interval_s * 1e9)
         plan: list[tuple[int, int]] = []  # (group index, seq) of the interval's ops, in order
-        tp_ops = max(1, n - 2)
-        plan += [(0, clock.tp - tp_ops + 1 + i) for i in range(tp_ops)]
-        if n >= 2:
-            plan.append((1, clock.dp))
-        if n >= 3:
-            plan.append((2, clock.world))
+        plan += [(0, seq) for seq in range(prev.tp + 1, clock.tp + 1)]
+        plan += [(1, seq) for seq in range(prev.dp + 1, clock.dp + 1)]
+        plan += [(2, seq) for seq in range(prev.world + 1, clock.world + 1)]
+        step_ns = int(self.interval_s * 1e9 / max(1, len(plan)))
         out = []
         count = 0
         traces: dict[tuple[str, int], int] = {}

@@ -38,26 +38,29 @@ def _free_port() -> int:
 
 def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, out: Any, ready: Any,
             clock: Any) -> None:
-    """One sender process: its ranks' heartbeats (and sampled op spans) every interval."""
+    """One sender process: its ranks' heartbeats (and sampled op spans) of every run, every interval."""
     import grpc
 
     from mycroft.faults.bigjob import BigJob, Layout
+    from mycroft.faults.simfaults import FaultPlan
 
-    job = BigJob(params["job"], Layout(params["world"], params["tp"], params["pp"]), params["ops"],
-                 params["interval"], params["fault_rank"])
+    jobs = [BigJob(run["job"], Layout(params["world"], params["tp"], params["pp"]), params["ops"],
+                   params["interval"], fault=FaultPlan(**run["plan"])) for run in params["runs"]]
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
     export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
     stats = {"hb": 0, "hb_bytes": 0, "hb_refused": 0, "hb_lost": 0, "ops": 0, "op_bytes": 0, "op_refused": 0,
              "build_s": 0.0, "late_ticks": 0, "op_shed_answers": 0}
     batch = params["batch"]
-    for rank in ranks:  # templates built before the clock starts
-        job.prepare(rank)
+    for job in jobs:  # templates built before the clock starts
+        for rank in ranks:
+            job.prepare(rank)
     ready.put(len(ranks))
     while not clock[0]:
         time.sleep(0.05)
     start, interval = clock[0], params["interval"]
-    job.fault_at = clock[1]
-    end = clock[2]
+    end = clock[1]
+    for i, job in enumerate(jobs):
+        job.fault_at = clock[2 + i]
     # every tick's requests are built before the clock starts (the situations are known in
     # advance), so while the run lasts this process only sends: the service gets the CPU
     built = time.perf_counter()
@@ -65,16 +68,20 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
     k = 0
     while start + k * interval < end:
         nominal = start + k * interval
-        job.tick(nominal)
         now = nominal + offset
-        requests = [("hb", job.heartbeat_bytes(ranks[i:i + batch], now), len(ranks[i:i + batch]))
-                    for i in range(0, len(ranks), batch)]
-        if params["op_keep"] > 0:
-            step = max(1, batch // 8)
-            for i in range(0, len(ranks), step):
-                payload, count = job.op_span_bytes(ranks[i:i + step], now, params["op_keep"])
+        requests: list[tuple[str, bytes, int]] = []
+        for job in jobs:
+            job.tick(nominal)
+            for i in range(0, len(ranks), batch):
+                payload, count = job.heartbeat_request(ranks[i:i + batch], now)
                 if count:
-                    requests.append(("op", payload, count))
+                    requests.append(("hb", payload, count))
+            if params["op_keep"] > 0:
+                step = max(1, batch // 8)
+                for i in range(0, len(ranks), step):
+                    payload, count = job.op_span_bytes(ranks[i:i + step], now, params["op_keep"])
+                    if count:
+                        requests.append(("op", payload, count))
         plan.append(requests)
         k += 1
     stats["build_s"] = time.perf_counter() - built
@@ -165,8 +172,23 @@ def _proc(pid: int) -> tuple[float, float]:
         return 0.0, 0.0
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Start the service (unless --endpoint), run the senders, watch the service; the JSON result."""
+def fault_list(spec: str) -> list[str]:
+    """--fault: one kind, a comma list, or a set: all | process | nccl."""
+    from mycroft.faults.simfaults import FAULTS, NCCL_FAULTS, PROCESS_FAULTS
+
+    sets = {"all": FAULTS, "process": PROCESS_FAULTS, "nccl": NCCL_FAULTS}
+    out: list[str] = []
+    for part in spec.split(","):
+        part = part.strip()
+        out.extend(sets.get(part, (part,)))
+    for kind in out:
+        if kind not in FAULTS and kind != "none":
+            raise SystemExit(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}, none, all, process, nccl")
+    return out
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Start the service (unless --endpoint), run the senders, watch the service; one result per run."""
     procs: list[Any] = []
     service: list[subprocess.Popen[bytes]] = []
     tmp = tempfile.mkdtemp(prefix="mycroft-sim-")
@@ -186,13 +208,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Popen[bytes]],
-         tmp: str) -> dict[str, Any]:
-    from mycroft.faults.bigjob import Layout
+def _plans(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One run per (fault, repetition): its job id, fault plan (rank, magnitude) and onset delay."""
+    import random
 
-    layout = Layout(args.ranks, args.tp, args.pp)
-    fault_rank = args.fault_rank if args.fault_rank >= 0 else layout.world // 2 + 3
-    job_id = f"bigjob-{args.ranks}-{os.getpid()}-{int(time.time())}"
+    from mycroft.faults.simfaults import plan
+
+    runs = []
+    stamp = f"{os.getpid()}-{int(time.time())}"
+    for kind in fault_list(args.fault):
+        for i in range(args.runs):
+            seed = args.seed + 7919 * i + sum(map(ord, kind))
+            fp = plan(kind, args.ranks, args.tp, seed, args.fault_rank)
+            if kind == "none":
+                fp = plan("block", args.ranks, args.tp, seed, args.fault_rank)
+            delay = random.Random(seed).uniform(0.0, args.onset_spread) * args.interval
+            runs.append({"job": f"sim-{kind}-{args.ranks}-{i}-{stamp}", "kind": kind, "seed": seed,
+                         "plan": {**fp.as_dict(), "kind": kind}, "delay": delay})
+    return runs
+
+
+def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Popen[bytes]],
+         tmp: str) -> list[dict[str, Any]]:
+    from mycroft.faults.simfaults import EXPECTED, score
+
+    runs = _plans(args)
     service: subprocess.Popen[bytes] | None = None
     if args.endpoint:
         grpc_port = int(args.endpoint.rsplit(":", 1)[1])
@@ -213,31 +253,35 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
                 break
             except Exception:
                 time.sleep(0.2)
-    params = {"job": job_id, "world": args.ranks, "tp": args.tp, "pp": args.pp, "ops": args.ops,
-              "interval": args.interval, "fault_rank": fault_rank, "batch": args.batch, "op_keep": args.op_spans}
+    params = {"runs": [{"job": r["job"], "plan": r["plan"]} for r in runs], "world": args.ranks, "tp": args.tp,
+              "pp": args.pp, "ops": args.ops, "interval": args.interval, "batch": args.batch,
+              "op_keep": args.op_spans}
     ranks = list(range(args.ranks))
     n = max(1, args.senders)
     ctx = mp.get_context("spawn")
     queue: Any = ctx.Queue()
     ready: Any = ctx.Queue()
-    clock: Any = ctx.Array("d", 3)  # start, fault_at, end: set once every sender has built its templates
+    clock: Any = ctx.Array("d", 2 + len(runs))  # start, end, each run's onset: set once the senders are ready
     procs.extend(ctx.Process(target=_sender, args=(grpc_port, params, ranks[i::n], args.interval * i / n, queue,
                                                    ready, clock)) for i in range(n))
     for p in procs:
         p.start()
     for _ in procs:
         ready.get(timeout=600)
-    start = time.time() + (args.prebuild_s if args.prebuild_s >= 0 else
-                           5.0 + 40e-6 * args.ranks * args.seconds * (1 + args.ops * min(1.0, args.op_spans)) / n)
-    fault_at = start + args.warmup * args.interval if args.fault != "none" else 0.0
+    load = args.ranks * len(runs) * args.seconds * (1 + args.ops * min(1.0, args.op_spans)) / n
+    start = time.time() + (args.prebuild_s if args.prebuild_s >= 0 else 5.0 + 40e-6 * load)
+    onsets = [start + args.warmup * args.interval + r["delay"] if r["kind"] != "none" else 0.0 for r in runs]
     end = start + args.seconds
-    clock[1], clock[2] = fault_at, end
+    for i, at in enumerate(onsets):
+        clock[2 + i] = at
+    clock[1] = end
     clock[0] = start
     pid = service.pid if service is not None else 0
     samples: list[dict[str, float]] = []
-    incidents: dict[str, dict[str, Any]] = {}
+    by_job: dict[str, dict[str, dict[str, Any]]] = {r["job"]: {} for r in runs}
     cpu0 = (0.0, 0.0)
     rss_max = 0.0
+    tty = sys.stderr.isatty()
     while time.time() < end + args.tail_s:
         time.sleep(0.25)
         now = time.time()
@@ -253,17 +297,29 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
             m["at"] = now
             m["cpu"] = _proc(pid)[0] if pid else 0.0
             samples.append(m)
+            if tty:
+                seen = sum(1 for incs in by_job.values() if incs)
+                print(f"\r[simulate] {now - start:5.1f}/{args.seconds:g}s  {len(runs)} run(s), {seen} with an "
+                      f"incident  applied {int(_metric(m, 'mycroft_rca_spans_applied_total'))} spans",
+                      end="", file=sys.stderr, flush=True)
         try:
-            listed = json.loads(_get(f"{api}/api/v1/incidents?job={job_id}&limit=20", 5.0))
+            listed = json.loads(_get(f"{api}/api/v1/incidents?limit={max(50, 8 * len(runs))}", 5.0))
         except Exception:
             listed = []
         for inc in listed:
+            incidents = by_job.get(str(inc.get("job", "")).split("#")[0])
+            if incidents is None:
+                continue
             incidents.setdefault(inc["id"], {"kind": inc["kind"], "detected": inc["detected_at_unix"],
                                              "severity": inc["severity"], "seen_at": now})
             record = incidents[inc["id"]]
-            record["root_causes"] = [(c.get("kind"), c.get("rank")) for c in inc.get("root_causes", [])][:4]
+            record["kind"] = inc["kind"]
+            record["severity"] = inc["severity"]
+            record["root_causes"] = [(c.get("kind"), c.get("rank")) for c in inc.get("root_causes", [])][:16]
             record["root_cause_at"] = inc.get("root_cause_at_unix")
             record["n_root_causes"] = len(inc.get("root_causes", []))
+    if tty:
+        print(file=sys.stderr)
     cpu1 = _proc(pid) if pid else (0.0, 0.0)
     cpu_window = (time.time(), cpu1[0])
     results = [queue.get(timeout=300) for _ in procs]
@@ -278,15 +334,9 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
     applied_in_window = (_metric(window[-1], "mycroft_rca_spans_applied_total")
                          - _metric(window[0], "mycroft_rca_spans_applied_total")) if len(window) >= 2 else 0.0
     cpu_in_window = window[-1]["cpu"] - window[0]["cpu"] if len(window) >= 2 else 0.0
-    first = sorted(incidents.values(), key=lambda i: i["detected"])
-    before = [i for i in first if i["detected"] < fault_at] if fault_at else first
-    after = [i for i in first if not fault_at or i["detected"] >= fault_at]
-    verdict = after[0] if after else None
-    right = bool(verdict and verdict["root_causes"] and verdict["root_causes"][0][1] == fault_rank
-                 and verdict["kind"] == "hang")
-    out: dict[str, Any] = {
+    shared: dict[str, Any] = {
         "ranks": args.ranks, "tp": args.tp, "ops_per_rank_s": args.ops, "op_spans_kept": args.op_spans,
-        "fault": args.fault, "fault_rank": fault_rank,
+        "interval_s": args.interval, "concurrent_runs": len(runs),
         "offered_spans_s": round((total["hb"] + total["ops"]) / duration),
         "offered_heartbeats_s": round(total["hb"] / duration),
         "applied_spans_s": round(_metric(last, "mycroft_rca_spans_applied_total") / duration),
@@ -299,20 +349,41 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
         if applied_in_window else None,
         "service_rss_mb": round(rss_max), "analysis_s_p50": round(statistics.median(passes), 3) if passes else None,
         "analysis_s_max": round(max(passes), 3) if passes else None,
-        "verdict": verdict["kind"] if verdict else None,
-        "verdict_root_causes": verdict["root_causes"] if verdict else None,
-        "right": right,
-        "detected_s": round(verdict["detected"] - fault_at, 2) if verdict and fault_at else None,
-        "root_cause_s": round((verdict.get("root_cause_at") or verdict["detected"]) - fault_at, 2)
-        if verdict and fault_at else None,
-        "false_incidents_before_fault": len(before) if fault_at else len(first),
-        "false_incident_kinds": sorted({i["kind"] for i in before}) if fault_at else [],
-        "incidents": [(i["kind"], i["severity"], round(i["detected"] - fault_at, 2) if fault_at else None,
-                       i.get("root_causes", [])[:2]) for i in first][:6],
-        "heartbeat_bytes_per_rank_s": round(total["hb_bytes"] / args.ranks / duration, 1),
-        "op_bytes_per_rank_s": round(total["op_bytes"] / args.ranks / duration, 1),
+        # every run sends the same number of heartbeats (less a silent rank's): bytes per rank per run
+        "heartbeat_bytes_per_rank_s": round(total["hb_bytes"] / len(runs) / args.ranks / duration, 1),
+        "op_bytes_per_rank_s": round(total["op_bytes"] / len(runs) / args.ranks / duration, 1),
         "sender_build_s": round(total["build_s"], 2), "sender_late_ticks": total["late_ticks"],
     }
+    out = []
+    for r, fault_at in zip(runs, onsets, strict=True):
+        first = sorted(by_job[r["job"]].values(), key=lambda i: i["detected"])
+        before = [i for i in first if i["detected"] < fault_at] if fault_at else first
+        after = [i for i in first if not fault_at or i["detected"] >= fault_at]
+        loud = [i for i in after if i["severity"] != "info"]
+        verdict: dict[str, Any] | None = (loud or after)[0] if (loud or after) else None
+        causes = [tuple(c) for c in verdict["root_causes"]] if verdict else []
+        plan_ = r["plan"]
+        expected = EXPECTED.get(r["kind"])
+        out.append({
+            "fault": r["kind"], "fault_rank": plan_["rank"] if r["kind"] != "none" else None,
+            "fault_partner": plan_["partner"] if r["kind"] == "deadlock" else None,
+            "fault_factor": plan_["factor"], "seed": r["seed"], "job": r["job"],
+            "expected": {"kinds": sorted(expected[0]), "root_cause_kinds": sorted(expected[1])} if expected else None,
+            "verdict": verdict["kind"] if verdict else None,
+            "verdict_severity": verdict["severity"] if verdict else None,
+            "verdict_root_causes": [list(c) for c in causes[:4]] if verdict else None,
+            "right": score(r["kind"], plan_["rank"], plan_["partner"], verdict["kind"] if verdict else None,
+                           causes),
+            "detected_s": round(verdict["detected"] - fault_at, 2) if verdict and fault_at else None,
+            "root_cause_s": round((verdict.get("root_cause_at") or verdict["detected"]) - fault_at, 2)
+            if verdict and fault_at else None,
+            "false_incidents_before_fault": len(before) if fault_at else len(first),
+            "false_incident_kinds": sorted({i["kind"] for i in before}) if fault_at else sorted(
+                {i["kind"] for i in first}),
+            "incidents": [(i["kind"], i["severity"], round(i["detected"] - fault_at, 2) if fault_at else None,
+                           i.get("root_causes", [])[:2]) for i in first][:6],
+            **shared,
+        })
     return out
 
 
@@ -324,8 +395,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", type=int, default=10, help="collectives per rank per second the job runs")
     p.add_argument("--op-spans", type=float, default=0.0,
                    help="share of collectives whose op spans are sent (trace-id head sampling; 0: none)")
-    p.add_argument("--fault", choices=("block", "none"), default="block")
-    p.add_argument("--fault-rank", type=int, default=-1)
+    p.add_argument("--fault", default="block",
+                   help="a fault kind (mycroft/faults/simfaults.py), a comma list, or all | process | nccl | none; "
+                        "each is its own job on the same service, sent by the same senders")
+    p.add_argument("--runs", type=int, default=1, help="runs per fault, each with its own seed (rank, magnitude, "
+                                                       "onset)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fault-rank", type=int, default=-1, help="the faulty rank (default: drawn from the seed)")
+    p.add_argument("--onset-spread", type=float, default=1.0,
+                   help="the onset is delayed by a random share of up to this many intervals (from the seed)")
     p.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, seconds")
     p.add_argument("--warmup", type=int, default=6, help="heartbeat intervals before the fault")
     p.add_argument("--seconds", type=float, default=20.0, help="length of the run from the first heartbeat")
@@ -351,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_term)
     if args.ranks % (args.tp * args.pp):
         raise SystemExit("--ranks must be a multiple of --tp x --pp")
-    print(json.dumps(run(args)), flush=True)
+    for line in run(args):
+        print(json.dumps(line), flush=True)
     return 0
 
 

@@ -1,0 +1,99 @@
+"""Every simulated fault kind at 256 ranks through one real `mycroft rca serve` over OTLP/gRPC.
+
+One `mycroft simulate --fault process,none` run: each fault is its own job of 256 ranks on
+the same service, sent by the same sender process (one service start for all kinds).
+The wire bytes are the instrumentation's encoders' (tests/rca/test_bigjob.py checks that
+for every situation a fault creates).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from mycroft import schema
+from mycroft.faults.bigjob import BigJob, Layout
+from mycroft.faults.simfaults import FAULTS, PROCESS_FAULTS, plan, score
+from mycroft.otlp import decode_protobuf
+from tests.conftest import REPO
+
+
+def _simulate(faults: str, seconds: float, warmup: int, interval: float = 0.5) -> dict[str, dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", "256", "--tp", "8",
+                          "--fault", faults, "--interval", str(interval), "--warmup", str(warmup),
+                          "--seconds", str(seconds), "--senders", "1", "--prebuild-s", "3", "--seed", "3"],
+                         capture_output=True, text=True, timeout=240, cwd=str(REPO))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {line["fault"]: line for line in lines}
+
+
+@pytest.fixture(scope="module")
+def process_runs() -> dict[str, dict[str, Any]]:
+    return _simulate("process,none", seconds=13, warmup=8)
+
+
+@pytest.mark.parametrize("fault", PROCESS_FAULTS)
+def test_each_process_fault_is_named_over_the_real_path(process_runs: dict[str, dict[str, Any]],
+                                                        fault: str) -> None:
+    run = process_runs[fault]
+    assert run["right"], run
+    assert run["heartbeats_lost"] == 0 and run["false_incidents_before_fault"] == 0, run
+    assert run["detected_s"] is not None and 0 <= run["detected_s"] < 4.5, run
+    if fault == "deadlock":
+        named = {r for _, r in run["verdict_root_causes"]}
+        assert run["fault_rank"] in named or run["fault_partner"] in named, run
+
+
+def test_a_healthy_run_alongside_raises_nothing(process_runs: dict[str, dict[str, Any]]) -> None:
+    run = process_runs["none"]
+    assert run["right"] and run["incidents"] == [], run
+    assert run["heartbeat_bytes_per_rank_s"] > 500 and run["concurrent_runs"] == len(PROCESS_FAULTS) + 1
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_fault_situation_decodes_to_the_encoders_output(fault: str) -> None:
+    p = plan(fault, 64, 8, seed=11)
+    job = BigJob("j", Layout(64, tp=8), ops_per_s=10, fault=p, fault_at=1000.0)
+    ranks = list(range(64))
+    for t in (990.0, 991.0, 1001.0, 1002.0):
+        job.tick(t)
+    now = 1002.5
+    decoded = decode_protobuf(job.heartbeat_bytes(ranks, now))
+    sending = [r for r in ranks if job.sends(r, now)]
+    assert [r.rank for r in decoded] == sending
+    assert len(sending) == (63 if fault in ("crash", "freeze") else 64)
+    for record in decoded:
+        built = job.record(record.rank or 0, now)
+        assert record.attributes == built.attributes, (fault, record.rank)
+        assert (record.name, record.start_ns, record.end_ns) == (built.name, built.start_ns, built.end_ns)
+    roles = {job.situation(r, now) for r in ranks}
+    assert len(roles) >= 2, roles  # the fault changed what some ranks report
+
+
+def test_score_reads_the_verdict_the_fault_implies() -> None:
+    assert score("block", 5, -1, "hang", [("not_entered", 5)])
+    assert not score("block", 5, -1, "hang", [("not_entered", 6)])
+    assert not score("block", 5, -1, "crash", [("not_entered", 5)])
+    assert score("deadlock", 5, 6, "deadlock", [("deadlock", 4), ("deadlock", 5), ("deadlock", 6)])
+    assert not score("deadlock", 5, 6, "deadlock", [("deadlock", 4), ("deadlock", 5)])
+    assert score("nic_down", 9, -1, "hang", [("link", 9)]) and not score("nic_down", 9, -1, "hang", [("link", 10)])
+    assert score("none", -1, -1, None, []) and not score("none", -1, -1, "hang", [("link", 1)])
+
+
+def test_nic_down_flows_follow_the_ring_stall() -> None:
+    p = plan("nic_down", 64, 8, seed=2, rank=17)
+    job = BigJob("j", Layout(64, tp=8), ops_per_s=10, fault=p, fault_at=1000.0)
+    job.tick(999.0)
+    job.tick(1001.0)
+    attrs = {r: job.record(r, 1003.0).attributes for r in job.layout.dp_ranks(17)}
+    sent = attrs[17]
+    assert sent[schema.ATTR_HB_FLOW_SENDS][0] is True
+    # f's send: posted to the network, never completed; its receive: buffers posted, no data
+    assert sent[schema.ATTR_HB_FLOW_TRANSMITTED][0] == sent[schema.ATTR_HB_FLOW_DONE][0] + 1  # type: ignore[index]
+    assert sent[schema.ATTR_HB_FLOW_GPU_READY][1] > sent[schema.ATTR_HB_FLOW_TRANSMITTED][1]  # type: ignore[index]
+    assert all(a[schema.ATTR_HB_FLOW_AGES_S][0] >= 2.9 for a in attrs.values())  # type: ignore[index]

@@ -211,11 +211,35 @@ def culprits(findings: Sequence[FlowFinding]) -> list[FlowFinding]:
     return [x for x in findings if not x.victim]
 
 
+def shared_endpoint(findings: Sequence[FlowFinding]) -> int | None:
+    """The one rank every undelivered link runs through, when there are two links or more.
+
+    A not-delivered flow names its receiver ("network or receiver"); but when a rank's
+    outgoing and incoming links both stop delivering (its NIC is down: f-1 -> f and
+    f -> f+1 on a ring), the rank they share is the fault, not either neighbour.
+    """
+    links = {(x.rank, x.peer) for x in culprits(findings)
+             if x.state == schema.FLOW_STATE_NOT_DELIVERED and x.side == SIDE_SEND}
+    if len(links) < 2:
+        return None
+    common = set.intersection(*({a, b} for a, b in links))
+    return common.pop() if len(common) == 1 else None
+
+
 def summarize(findings: Sequence[FlowFinding]) -> dict[str, Any]:
     """A verdict-sized summary: the first culprit's suspect rank, side and evidence, plus all flows."""
     top = next(iter(culprits(findings)), None)
     if top is None:
         return {"flows": [x.as_dict() for x in findings[:32]]} if findings else {}
+    shared = shared_endpoint(findings)
+    if shared is not None:
+        dead = [x for x in culprits(findings)
+                if x.state == schema.FLOW_STATE_NOT_DELIVERED and shared in (x.rank, x.peer)]
+        links = sorted({f"{x.rank}->{x.peer}" for x in dead})
+        text = (f"{len(links)} links through rank {shared} ({', '.join(links[:8])}) do not deliver what was posted "
+                f"to the network, in both directions: rank {shared}'s NIC / network port; first: {dead[0].evidence}")
+        return {"rank": shared, "side": SUSPECT_NETWORK, "state": schema.FLOW_STATE_NOT_DELIVERED, "text": text,
+                "flow": dead[0].as_dict(), "flows": [x.as_dict() for x in findings[:32]]}
     return {
         "rank": top.suspect_rank, "side": top.suspect_side, "state": top.state, "text": top.evidence,
         "flow": top.as_dict(), "flows": [x.as_dict() for x in findings[:32]],

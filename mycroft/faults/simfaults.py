@@ -183,7 +183,7 @@ def ring_flows(p: FaultPlan, members: tuple[int, ...], rank: int, stalled_s: flo
     """The flows of `rank`'s in-flight all-reduce on the ring `members` under fault `p`.
 
     Stalled ring (nic_down at f, both directions dead): f's send and f-1's send to f are
-    posted to the network and never complete (T = D + 1: not delivered); every other flow
+    posted to the network and never complete (G = T = D + 2: not delivered); every other flow
     stops where the stall reaches it (the ring forwards what it receives: rank f+j can
     send j steps more than f did), its receive buffers posted ahead (G > T), the same
     fixpoint as native/emulate.py's stop_points. Moving ring (the slow faults): a snapshot
@@ -202,9 +202,9 @@ def ring_flows(p: FaultPlan, members: tuple[int, ...], rank: int, stalled_s: flo
         recv_d = min(steps, k + j - 1) if j else min(steps, k + n - 1)
         age = round(stalled_s, 3)
         for ch in range(CHANNELS):
-            if j == 0 or j == n - 1:  # a link through f's dead NIC: the posted step never completes
-                out.append(Flow(ch, nxt, True, steps, min(steps, send_d + 2), min(steps, send_d + 2),
-                                min(steps, send_d + 1), send_d, age, SEND_WAIT))
+            if j == 0 or j == n - 1:  # a link through f's dead NIC: what was posted never completes
+                top = min(steps, send_d + 2)  # the proxy posts what is ready (up to the receiver's credit)
+                out.append(Flow(ch, nxt, True, steps, top, top, top, send_d, age, SEND_WAIT))
             else:
                 out.append(Flow(ch, nxt, True, steps, send_d, send_d, send_d, send_d, age, SEND_GPU_WAIT))
             out.append(Flow(ch, prv, False, steps, min(steps, recv_d + 2), min(steps, recv_d + 2), recv_d, recv_d,

@@ -59,3 +59,23 @@ def test_young_flows_are_left_out_and_missing_arrays_are_tolerated() -> None:
     assert classify_flows(hbs, min_age_s=1.0) == []
     assert len(classify_flows(hbs)) == 1
     assert summarize([]) == {}
+
+
+def test_two_dead_links_through_one_rank_name_that_rank_not_a_neighbour() -> None:
+    # ring 3 -> 5 -> 7 -> 3, rank 5's NIC down: 3->5 and 5->7 posted and never delivered
+    hbs = {
+        3: _hb({"peer": 5, "send": True, "posted": 6, "g": 6, "t": 6, "d": 4},
+               {"peer": 7, "send": False, "posted": 7, "g": 7, "t": 5, "d": 5}),
+        5: _hb({"peer": 7, "send": True, "posted": 3, "g": 3, "t": 3, "d": 1},
+               {"peer": 3, "send": False, "posted": 6, "g": 6, "t": 4, "d": 4}),
+        7: _hb({"peer": 3, "send": True, "posted": 2, "g": 2, "t": 2, "d": 2},
+               {"peer": 5, "send": False, "posted": 3, "g": 3, "t": 1, "d": 1}),
+    }
+    findings = classify_flows(hbs)
+    assert {(f.rank, f.suspect_rank) for f in culprits(findings)} >= {(3, 5), (5, 7)}
+    summary = summarize(findings)
+    assert summary["rank"] == 5 and summary["side"] == "network" and "3->5" in summary["text"]
+    # one dead link alone still names its receiver side (network or receiver)
+    single = {3: hbs[3], 5: _hb({"peer": 3, "send": False, "posted": 6, "g": 6, "t": 4, "d": 4})}
+    assert summarize(classify_flows(single))["rank"] == 5
+    assert summarize(classify_flows({5: hbs[5], 7: hbs[7]}))["rank"] == 7

@@ -94,6 +94,7 @@ def test_nic_down_flows_follow_the_ring_stall() -> None:
     sent = attrs[17]
     assert sent[schema.ATTR_HB_FLOW_SENDS][0] is True
     # f's send: posted to the network, never completed; its receive: buffers posted, no data
-    assert sent[schema.ATTR_HB_FLOW_TRANSMITTED][0] == sent[schema.ATTR_HB_FLOW_DONE][0] + 1  # type: ignore[index]
+    assert sent[schema.ATTR_HB_FLOW_TRANSMITTED][0] == sent[schema.ATTR_HB_FLOW_DONE][0] + 2  # type: ignore[index]
+    assert sent[schema.ATTR_HB_FLOW_GPU_READY][0] == sent[schema.ATTR_HB_FLOW_TRANSMITTED][0]  # type: ignore[index]
     assert sent[schema.ATTR_HB_FLOW_GPU_READY][1] > sent[schema.ATTR_HB_FLOW_TRANSMITTED][1]  # type: ignore[index]
     assert all(a[schema.ATTR_HB_FLOW_AGES_S][0] >= 2.9 for a in attrs.values())  # type: ignore[index]

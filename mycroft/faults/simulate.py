@@ -216,8 +216,10 @@ def _plans(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     runs = []
     stamp = f"{os.getpid()}-{int(time.time())}"
+    seen: dict[str, int] = {}
     for kind in fault_list(args.fault):
-        for i in range(args.runs):
+        for _ in range(args.runs):
+            i = seen[kind] = seen.get(kind, -1) + 1  # a kind listed twice gets its own job and seed
             seed = args.seed + 7919 * i + sum(map(ord, kind))
             fp = plan(kind, args.ranks, args.tp, seed, args.fault_rank)
             if kind == "none":

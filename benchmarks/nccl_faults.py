@@ -1,0 +1,130 @@
+"""The paper's seven NCCL faults (and the process faults) at scale: % right, detection p50 / p90, bytes.
+
+    .venv/bin/python benchmarks/nccl_faults.py                       # nccl faults, 1k and 16k ranks, 5 runs each
+    .venv/bin/python benchmarks/nccl_faults.py --faults all --worlds 256,1024 --runs 5 --json out.json
+
+Each cell is `--runs` runs of `mycroft simulate` (mycroft/faults/simulate.py: N simulated
+ranks whose heartbeats -- native flow counters included -- are built by the
+instrumentation's own encoders, over OTLP/gRPC to a real `mycroft rca serve`), each run
+with its own seed: the faulty rank, the fault's magnitude and its onset (a random share of
+an interval after the warm-up) differ. Runs of one world go `--concurrent` at a time to one
+service (each its own job); a 16k-rank world runs one at a time. Prints one JSON line per
+run, then the table: runs, % right, detection and root-cause p50 / p90, what the RCA said
+when it was wrong, service CPU / RSS, heartbeat bytes per 8-rank machine per second and per
+iteration against the paper's 46.8 KB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+PAPER_KB_PER_ITERATION = 46.8  # per machine (8 GPUs), the paper's measured telemetry volume
+
+
+def _simulate(world: int, faults: list[str], seed: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    cmd = [sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", str(world), "--tp", "8",
+           "--fault", ",".join(faults), "--seed", str(seed), "--interval", str(args.interval),
+           "--warmup", str(args.warmup), "--seconds", str(args.seconds), "--ops", "10",
+           "--senders", str(args.senders if world >= 4096 else 1)]
+    started = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return [{"fault": f, "ranks": world, "seed": seed, "error": (out.stderr or out.stdout)[-600:]} for f in faults]
+    for line in lines:
+        line["wall_s"] = round(time.time() - started, 1)
+    return lines
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (p90 of 5 runs is the largest)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 2)
+
+
+def _row(world: int, fault: str, runs: list[dict[str, Any]], iteration_s: float) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    right = [r for r in ok if r.get("right")]
+    detected = [float(r["detected_s"]) for r in right if r.get("detected_s") is not None]
+    rooted = [float(r["root_cause_s"]) for r in right if r.get("root_cause_s") is not None]
+    wrong = Counter(
+        f"{r.get('verdict')}:{(r.get('verdict_root_causes') or [[None, None]])[0][0]}"
+        + ("(rank right)" if (r.get("verdict_root_causes") or [[None, None]])[0][1] == r.get("fault_rank") else "")
+        for r in ok if not r.get("right"))
+    hb = [float(r["heartbeat_bytes_per_rank_s"]) for r in ok if r.get("heartbeat_bytes_per_rank_s")]
+    per_machine = 8 * statistics.median(hb) if hb else None
+    return {
+        "world": world, "fault": fault, "runs": len(runs), "errors": len(runs) - len(ok),
+        "right_pct": round(100 * len(right) / len(runs)) if runs else None,
+        "detected_p50_s": round(statistics.median(detected), 2) if detected else None,
+        "detected_p90_s": _pct(detected, 0.9), "root_cause_p50_s": round(statistics.median(rooted), 2)
+        if rooted else None, "root_cause_p90_s": _pct(rooted, 0.9),
+        "wrong": dict(wrong), "false_before_onset": sum(int(r.get("false_incidents_before_fault") or 0) for r in ok),
+        "heartbeats_lost": sum(int(r.get("heartbeats_lost") or 0) for r in ok),
+        "service_cpu_pct_max": max((float(r["service_cpu_pct"]) for r in ok if r.get("service_cpu_pct")),
+                                   default=None),
+        "service_rss_mb_max": max((int(r["service_rss_mb"]) for r in ok if r.get("service_rss_mb")), default=None),
+        "concurrent": max((int(r.get("concurrent_runs") or 1) for r in ok), default=None),
+        "kb_per_machine_s": round(per_machine / 1000, 2) if per_machine else None,
+        "kb_per_machine_iteration": round(per_machine * iteration_s / 1000, 1) if per_machine else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--faults", default="nccl", help="as `mycroft simulate --fault`: nccl | process | all | a,b")
+    parser.add_argument("--worlds", default="1024,16384")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=100)
+    parser.add_argument("--concurrent", type=int, default=7, help="runs per service at worlds below 4,096 ranks")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--senders", type=int, default=2, help="sender processes at 4,096 ranks and more")
+    parser.add_argument("--iteration-s", type=float, default=5.0,
+                        help="training iteration length for the bytes-per-iteration figure (the paper's unit)")
+    parser.add_argument("--json", help="write every run and the table here")
+    args = parser.parse_args()
+    from mycroft.faults.simulate import fault_list
+
+    faults = fault_list(args.faults)
+    results: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for world in (int(w) for w in args.worlds.split(",")):
+        width = 1 if world >= 4096 else max(1, args.concurrent)
+        jobs = [(f, i) for i in range(args.runs) for f in faults]
+        for k in range(0, len(jobs), width):
+            batch = jobs[k:k + width]
+            seed = args.seed + k  # simulate derives each run's own seed from it and the fault
+            for line in _simulate(world, [f for f, _ in batch], seed, args):
+                print(json.dumps(line), flush=True)
+                results[(world, line["fault"])].append(line)
+    rows = [_row(w, f, runs, args.iteration_s) for (w, f), runs in results.items()]
+    print()
+    print("| world | fault | runs | right | detected p50 / p90 s | root cause p50 / p90 s | said instead | "
+          "false before onset | hb lost | service CPU max | RSS MB max | KB / machine / s | KB / machine / "
+          f"{args.iteration_s:g}-s iteration (paper {PAPER_KB_PER_ITERATION}) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['world']:,} | {r['fault']} | {r['runs']} | {r['right_pct']}% | {r['detected_p50_s']} / "
+              f"{r['detected_p90_s']} | {r['root_cause_p50_s']} / {r['root_cause_p90_s']} | "
+              f"{', '.join(f'{k} x{v}' for k, v in r['wrong'].items()) or '-'} | {r['false_before_onset']} | "
+              f"{r['heartbeats_lost']} | {r['service_cpu_pct_max']}% (x{r['concurrent']} jobs) | "
+              f"{r['service_rss_mb_max']} | {r['kb_per_machine_s']} | {r['kb_per_machine_iteration']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": {f"{w}/{k}": v for (w, k), v in results.items()}, "table": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

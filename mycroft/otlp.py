@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,15 +119,24 @@ def _attrs(kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
     return {kv.key: _from_any(kv.value) for kv in kvs}
 
 
+#: keys whose values change every heartbeat / op: memoizing them would only churn the table
+VOLATILE_KEYS = frozenset({
+    schema.ATTR_HB_COUNTER, schema.ATTR_HB_INFLIGHT_AGES_S, schema.ATTR_HB_COMM_S, schema.ATTR_HB_OPS_DONE,
+    schema.ATTR_SEQ, schema.ATTR_CALL_S,
+})
+
+
 class DecodeCache:
-    """Decoded attribute arrays and resources by their wire bytes, for receivers whose input repeats.
+    """Decoded key-values and resources by their wire bytes, for receivers whose input repeats.
 
     A rank's heartbeats repeat most of themselves every interval (its groups, members,
-    names; often the in-flight arrays) and every span of a process carries the same
-    resource: serializing a sub-message in upb and looking it up is several times cheaper
-    than walking it in Python. Decoded values are shared between records, so whoever
-    uses a cache must treat attribute values as read-only (the RCA fold copies what it
-    keeps). Bounded: cleared when full.
+    names; often the in-flight arrays and frontiers) and every span of a process carries
+    the same resource: looking a key-value's bytes up is far cheaper than walking it in
+    Python. `decode()` gets those bytes straight from upb (a lean message schema whose
+    attributes and resource are `bytes`, see _lean_types), so a cached key-value costs a
+    dict lookup. Decoded values are shared between records, so whoever uses a cache must
+    treat attribute values as read-only (the RCA fold copies what it keeps). Bounded:
+    cleared when full.
     """
 
     def __init__(self, max_entries: int = 1 << 17) -> None:
@@ -135,37 +145,229 @@ class DecodeCache:
         self.resources: dict[bytes, dict[str, AttrValue]] = {}
         self.misses = 0
 
-    def attrs(self, kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
-        """Like _attrs; a key-value pair seen before (same bytes) costs one serialization and a lookup."""
-        if len(kvs) > MAX_ATTRIBUTES:
-            kvs = kvs[:MAX_ATTRIBUTES]
+    def kv_bytes(self, raws: Iterable[bytes]) -> dict[str, AttrValue]:
+        """Serialized KeyValues -> attributes; bytes seen before cost a lookup."""
         out: dict[str, AttrValue] = {}
         values = self.values
-        for kv in kvs:
-            raw = kv.SerializeToString()
+        for raw in raws:
             hit = values.get(raw)
             if hit is not None:
                 out[hit[0]] = hit[1]
                 continue
-            self.misses += 1
-            key, value = kv.key, _from_any(kv.value)
+            key, value = _kv_from_bytes(raw)
             out[key] = value
-            # floats (ages, durations) rarely repeat: caching them would only churn the table
-            if not isinstance(value, float) and not (isinstance(value, list) and value
-                                                     and isinstance(value[0], float)):
+            self.misses += 1
+            if key not in VOLATILE_KEYS and not isinstance(value, float) and not (
+                    isinstance(value, list) and value and isinstance(value[0], float)):
                 if len(values) >= self.max_entries:
                     values.clear()
                 values[raw] = (key, value)
         return out
 
-    def resource(self, resource: Resource) -> dict[str, AttrValue]:
-        raw = resource.SerializeToString()
+    def attrs(self, kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
+        """Like _attrs, from parsed KeyValues (one serialization each, then kv_bytes)."""
+        if len(kvs) > MAX_ATTRIBUTES:
+            kvs = kvs[:MAX_ATTRIBUTES]
+        return self.kv_bytes([kv.SerializeToString() for kv in kvs])
+
+    def resource_bytes(self, raw: bytes) -> dict[str, AttrValue]:
         found = self.resources.get(raw)
         if found is None:
+            try:
+                attributes = Resource.FromString(raw).attributes
+            except Exception as exc:  # protobuf's DecodeError and friends
+                raise OtlpDecodeError(f"bad resource: {exc}") from exc
             if len(self.resources) >= self.max_entries:
                 self.resources.clear()
-            found = self.resources[raw] = _attrs(resource.attributes)
+            found = self.resources[raw] = _attrs(attributes)
         return found
+
+    def resource(self, resource: Resource) -> dict[str, AttrValue]:
+        return self.resource_bytes(resource.SerializeToString())
+
+    def decode(self, payload: bytes) -> list[SpanRecord]:
+        """An ExportTraceServiceRequest's bytes -> records, via the lean schema (see the class doc)."""
+        return records_from_lean(parse_lean(payload), self)
+
+
+_KEYS: dict[bytes, str] = {}  # attribute keys by their UTF-8 bytes (few distinct ones)
+_DOUBLE = struct.Struct("<d")
+
+
+def _varint_at(raw: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(value, next position) of the varint at pos; (-1, -1) when it runs past `end`."""
+    value = shift = 0
+    while pos < end:
+        byte = raw[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            break
+    return -1, -1
+
+
+def _scalar_at(raw: bytes, pos: int, end: int) -> tuple[AttrValue, int] | None:
+    """One AnyValue holding a short string, an int, a double or a bool, exactly filling [pos, end)."""
+    tag = raw[pos]
+    if tag == 0x18:  # int_value (int64, two's complement)
+        value, nxt = _varint_at(raw, pos + 1, end)
+        if nxt != end:
+            return None
+        return (value - (1 << 64) if value >= 1 << 63 else value), end
+    if tag == 0x21:  # double_value
+        return (_DOUBLE.unpack_from(raw, pos + 1)[0], end) if end - pos == 9 else None
+    if tag == 0x0A:  # string_value
+        if end - pos < 2 or raw[pos + 1] != end - pos - 2:
+            return None
+        return raw[pos + 2:end].decode(), end
+    if tag == 0x10 and end - pos == 2 and raw[pos + 1] < 2:  # bool_value
+        return raw[pos + 1] == 1, end
+    return None
+
+
+def _fast_kv(raw: bytes) -> tuple[str, AttrValue] | None:
+    """The common shapes of a serialized KeyValue, decoded without building protobuf objects.
+
+    A key under 128 bytes and one value: a short string, an int, a double, a bool, or an
+    array of those (what every heartbeat and op span holds). Anything else (long fields,
+    repeated or unknown fields, nesting) returns None and takes the full decoder, so the
+    result is always what _from_any(KeyValue.FromString(raw).value) gives.
+    """
+    n = len(raw)
+    if n < 4 or raw[0] != 0x0A or raw[1] > 0x7F:
+        return None
+    p = 2 + raw[1]
+    if p + 2 > n or raw[p] != 0x12 or raw[p + 1] != n - p - 2:
+        return None
+    key_bytes = raw[2:p]
+    key = _KEYS.get(key_bytes)
+    if key is None:
+        if len(_KEYS) >= 4096:
+            _KEYS.clear()
+        key = _KEYS[key_bytes] = key_bytes.decode()
+    pos = p + 2
+    if pos == n:
+        return key, ""  # an empty AnyValue
+    if raw[pos] != 0x2A:
+        found = _scalar_at(raw, pos, n)
+        return None if found is None else (key, found[0])
+    if raw[pos + 1] != n - pos - 2:  # array_value: one length byte, exactly the rest
+        return None
+    items: list[AttrValue] = []
+    pos += 2
+    while pos < n:
+        if raw[pos] != 0x0A or pos + 1 >= n or raw[pos + 1] > 0x7F:
+            return None
+        end = pos + 2 + raw[pos + 1]
+        if end > n:
+            return None
+        if end == pos + 2:
+            items.append("")
+        else:
+            found = _scalar_at(raw, pos + 2, end)
+            if found is None:
+                return None
+            items.append(found[0])
+        pos = end
+    return key, items
+
+
+def _kv_from_bytes(raw: bytes) -> tuple[str, AttrValue]:
+    try:
+        fast = _fast_kv(raw)
+    except (UnicodeDecodeError, IndexError):
+        fast = None  # not UTF-8 / cut short: the full decoder says what is wrong
+    if fast is not None:
+        return fast
+    try:
+        kv = KeyValue.FromString(raw)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise OtlpDecodeError(f"bad attribute: {exc}") from exc
+    return kv.key, _from_any(kv.value)
+
+
+# ------------------------------------------------------------------------------------
+# the lean schema: OTLP traces as upb sees them, with attributes and resources left as bytes
+# ------------------------------------------------------------------------------------
+def _lean_types() -> tuple[Any, Any]:
+    """(LeanRequest, LeanSpan) message classes, wire-compatible with ExportTraceServiceRequest / Span.
+
+    Same field numbers and types as the OTLP protos, except Span.attributes (repeated bytes:
+    each element is one serialized KeyValue) and ResourceSpans.resource (bytes). Parsing with
+    it is upb's C parser; the parts a receiver memoizes come out as bytes without a Python
+    serialization per key-value. Fields it does not name (events, links, ...) are skipped as
+    unknown fields, as the full decoder ignores them.
+    """
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="mycroft/otlp_lean.proto", package="mycroft.lean",
+                                               syntax="proto3")
+
+    def message(name: str, fields: list[tuple[str, int, int, int, str]]) -> None:
+        m = proto.message_type.add(name=name)
+        for field_name, number, ftype, label, type_name in fields:
+            m.field.add(name=field_name, number=number, type=ftype, label=label,
+                        **({"type_name": type_name} if type_name else {}))
+
+    one, many = f.LABEL_OPTIONAL, f.LABEL_REPEATED
+    message("Status", [("message", 2, f.TYPE_STRING, one, ""), ("code", 3, f.TYPE_INT32, one, "")])
+    message("Scope", [("name", 1, f.TYPE_STRING, one, "")])
+    message("Span", [
+        ("trace_id", 1, f.TYPE_BYTES, one, ""), ("span_id", 2, f.TYPE_BYTES, one, ""),
+        ("parent_span_id", 4, f.TYPE_BYTES, one, ""), ("name", 5, f.TYPE_STRING, one, ""),
+        ("start_time_unix_nano", 7, f.TYPE_FIXED64, one, ""), ("end_time_unix_nano", 8, f.TYPE_FIXED64, one, ""),
+        ("attributes", 9, f.TYPE_BYTES, many, ""), ("status", 15, f.TYPE_MESSAGE, one, ".mycroft.lean.Status")])
+    message("ScopeSpans", [("scope", 1, f.TYPE_MESSAGE, one, ".mycroft.lean.Scope"),
+                           ("spans", 2, f.TYPE_MESSAGE, many, ".mycroft.lean.Span")])
+    message("ResourceSpans", [("resource", 1, f.TYPE_BYTES, one, ""),
+                              ("scope_spans", 2, f.TYPE_MESSAGE, many, ".mycroft.lean.ScopeSpans")])
+    message("Request", [("resource_spans", 1, f.TYPE_MESSAGE, many, ".mycroft.lean.ResourceSpans")])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("mycroft.lean.Request")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName("mycroft.lean.Span")))
+
+
+LeanRequest, LeanSpan = _lean_types()
+
+
+def parse_lean(payload: bytes) -> Any:
+    """Request bytes -> a LeanRequest (raises OtlpDecodeError on malformed input)."""
+    request = LeanRequest()
+    try:
+        request.ParseFromString(payload)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise OtlpDecodeError(f"not an OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
+    return request
+
+
+def records_from_lean(request: Any, cache: DecodeCache) -> list[SpanRecord]:
+    """Flatten a LeanRequest; key-values and resources memoized in `cache` by their bytes."""
+    records: list[SpanRecord] = []
+    append = records.append
+    kv_bytes = cache.kv_bytes
+    from_bytes = int.from_bytes
+    for resource_spans in request.resource_spans:
+        resource = cache.resource_bytes(resource_spans.resource)
+        for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope.name
+            for span in scope_spans.spans:
+                trace_id, span_id, parent, status = span.trace_id, span.span_id, span.parent_span_id, span.status
+                attributes = span.attributes
+                if len(attributes) > MAX_ATTRIBUTES:
+                    attributes = attributes[:MAX_ATTRIBUTES]
+                append(SpanRecord(
+                    from_bytes(trace_id, "big") if trace_id else 0,
+                    from_bytes(span_id, "big") if span_id else 0,
+                    span.name, span.start_time_unix_nano, span.end_time_unix_nano,
+                    kv_bytes(attributes), resource,
+                    from_bytes(parent, "big") if parent else 0,
+                    status.code, status.message, scope))
+    return records
 
 
 def _kvs(attrs: Mapping[str, Any]) -> list[KeyValue]:
@@ -236,11 +438,12 @@ def filter_request_jobs(request: ExportTraceServiceRequest, allow: Callable[[str
     return refused
 
 
-def keep_only_named(request: ExportTraceServiceRequest, name: str) -> int:
+def keep_only_named(request: Any, name: str) -> int:
     """Drop, in place and before any decoding, every span not named `name`; returns how many went.
 
-    Costs a name comparison per span (upb), against tens of microseconds to decode one in
-    Python: a receiver under load sheds this way to keep its CPU for the spans that matter.
+    Costs a name comparison per span (upb), against microseconds to decode one in Python: a
+    receiver under load sheds this way to keep its CPU for the spans that matter. Works on a
+    full ExportTraceServiceRequest and on a LeanRequest alike.
     """
     dropped = 0
     for resource_spans in request.resource_spans:
@@ -249,13 +452,15 @@ def keep_only_named(request: ExportTraceServiceRequest, name: str) -> int:
             keep = [span for span in spans if span.name == name]
             if len(keep) != len(spans):
                 dropped += len(spans) - len(keep)
-                kept = [Span.FromString(span.SerializeToString()) for span in keep]
+                kept = [type(span).FromString(span.SerializeToString()) for span in keep]
                 del scope_spans.spans[:]
                 scope_spans.spans.extend(kept)
     return dropped
 
 
 def decode_protobuf(payload: bytes, cache: DecodeCache | None = None) -> list[SpanRecord]:
+    if cache is not None:
+        return cache.decode(payload)
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(payload)

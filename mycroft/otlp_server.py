@@ -30,6 +30,8 @@ from mycroft.otlp import (
     decode_json,
     decode_protobuf,
     filter_request_jobs,
+    parse_lean,
+    records_from_lean,
     records_from_request,
 )
 from mycroft.ratelog import RateLimitedLog
@@ -193,10 +195,11 @@ class OtlpReceiver:
                  limits: HttpLimits | None = None, on_reject: RejectHook | None = None,
                  grpc_request_sink: RequestSink | None = None, max_concurrent_rpcs: int = 64,
                  decode_cache: DecodeCache | None = None,
-                 prefilter: Callable[[trace_service_pb2.ExportTraceServiceRequest], int] | None = None) -> None:
+                 prefilter: Callable[[Any], int] | None = None) -> None:
         self._sink = sink
         self._cache = decode_cache  # repeated arrays / resources decoded once (the sink treats values as read-only)
-        # gRPC requests pass it before decoding: it may drop spans in place (load shedding), returns how many
+        # gRPC requests pass it before decoding (a full or a lean request: both have resource_spans /
+        # scope_spans / spans with names): it may drop spans in place (load shedding), returns how many
         self._prefilter = prefilter
         self._request_sink = grpc_request_sink
         self._auth = auth
@@ -237,10 +240,22 @@ class OtlpReceiver:
     # ------------------------------------------------------------------ gRPC
     def _export_grpc(self, payload: bytes, context: grpc.ServicerContext) -> bytes | None:
         principal = grpc_principal(context, self._auth, self._reject)
-        request = parse_grpc_request(payload, context, self._reject)
         gate = _JobGate(principal)
         refused = 0
         shed: int | None = 0
+        # the fast path: a receiver with a DecodeCache and a caller who may write every job parses
+        # with the lean schema (key-values as bytes, memoized); per-job filtering needs the full one
+        lean = self._request_sink is None and self._cache is not None and principal.all_jobs
+        if lean:
+            try:
+                request = parse_lean(payload)
+            except OtlpDecodeError as exc:
+                self._reject(REJECT_UNDECODABLE, 0)
+                _bad_input.warning("grpc-decode", "OTLP/gRPC: undecodable request from %s (%d bytes): %s",
+                                   context.peer(), len(payload), exc)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
+        else:
+            request = parse_grpc_request(payload, context, self._reject)
         if not principal.all_jobs:
             refused = filter_request_jobs(request, gate)
         early = self._prefilter(request) if self._prefilter is not None else 0
@@ -249,7 +264,11 @@ class OtlpReceiver:
                 self._request_sink(request)
             else:
                 try:
-                    records = records_from_request(request, self._cache)
+                    if lean:
+                        assert self._cache is not None
+                        records = records_from_lean(request, self._cache)
+                    else:
+                        records = records_from_request(request, self._cache)
                 except OtlpDecodeError as exc:
                     self._reject(REJECT_UNDECODABLE, 0)
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")

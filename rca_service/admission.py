@@ -70,6 +70,26 @@ def _bad_ranks_text(text: str, limit: int, max_ranks: int) -> bool:
     return False
 
 
+_MEMBER_LISTS: dict[int, tuple[list[Any], int, int, bool]] = {}  # id -> (the list, limit, max ranks, bad)
+
+
+def _bad_member_lists(members: list[Any], limit: int, cfg: AnalysisConfig) -> bool:
+    """Whether any group member string of a heartbeat is malformed or outside the world.
+
+    Memoized by the list's identity: the OTLP decoder shares one list among every heartbeat
+    that carried the same bytes (a rank's table repeats every beat); the entry holds the
+    list, so its id cannot be reused while it is remembered.
+    """
+    found = _MEMBER_LISTS.get(id(members))
+    if found is not None and found[0] is members and found[1] == limit and found[2] == cfg.max_ranks_per_job:
+        return found[3]
+    bad = any(_bad_ranks(text, limit, cfg) for text in members)
+    if len(_MEMBER_LISTS) >= 1 << 16:
+        _MEMBER_LISTS.clear()
+    _MEMBER_LISTS[id(members)] = (members, limit, cfg.max_ranks_per_job, bad)
+    return bad
+
+
 def _peer_bad(value: Any, limit: int) -> bool:
     peer = _int(value, -1)
     return peer >= limit or peer < -1
@@ -95,10 +115,10 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | N
             if isinstance(value, list) and len(value) > MAX_INFLIGHT_OPS:
                 return REJECT_OVERSIZED
         members = a.get(schema.ATTR_HB_GROUP_RANKS)
-        if isinstance(members, list) and any(_bad_ranks(text, limit, cfg) for text in members):
+        if isinstance(members, list) and _bad_member_lists(members, limit, cfg):
             return REJECT_BAD_GROUP_RANKS
         peers = a.get(schema.ATTR_HB_INFLIGHT_PEERS)
-        if isinstance(peers, list) and any(_peer_bad(p, limit) for p in peers):
+        if isinstance(peers, list) and peers and any(_peer_bad(p, limit) for p in peers):
             return REJECT_PEER_OUT_OF_WORLD
     elif kind == schema.KIND_COLLECTIVE:
         if _bad_ranks(a.get(schema.ATTR_GROUP_RANKS), limit, cfg):

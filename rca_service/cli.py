@@ -72,8 +72,9 @@ def _config(args: argparse.Namespace) -> AnalysisConfig:
 def _serve(args: argparse.Namespace) -> int:
     from mycroft.security_cli import security_options
 
-    from .service import RcaService, ServiceOptions
+    from .service import RcaService, ServiceOptions, tune_gc
 
+    tune_gc()
     auth, tls = security_options(args, "mycroft rca serve")
     options = ServiceOptions(
         otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http, http=args.http, db=args.db,

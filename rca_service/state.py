@@ -22,6 +22,10 @@ from .pauses import LearnedPause
 WORK_SAMPLES = 40  # heartbeats of compute/wait history per rank (slowness.py)
 TIMELINE_OPS = 64  # completed ops per rank kept for the propagation evidence
 
+#: the native flow counters of a heartbeat (every one schema.py names)
+FLOW_KEYS = frozenset(value for name, value in vars(schema).items()
+                      if name.startswith("ATTR_HB_FLOW_") and isinstance(value, str))
+
 Sig = tuple[str, int, str]  # (op, bytes, dtype) of one rank's op at one seq
 P2PKey = tuple[str, int, int]  # (group id, src, dst)
 
@@ -74,6 +78,11 @@ class RankState:
     work: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=WORK_SAMPLES))
     # the rank's last completed ops: (start, end, group id, seq), on its own clock
     timeline: deque[tuple[float, float, str, int]] = field(default_factory=lambda: deque(maxlen=TIMELINE_OPS))
+    # what the last heartbeat's group table was (the decoder shares unchanged values, so identity
+    # says "unchanged") and the (index, group id) pairs it admitted: an unchanged table is not re-folded
+    hb_table: tuple[Any, Any, Any] | None = None
+    hb_admitted: list[tuple[int, str]] = field(default_factory=list)
+    resource: Any = None  # the last record's resource dict (shared by the decoder: identity = unchanged)
 
     def idle_at(self, now: float) -> float:
         if self.inflight:
@@ -183,13 +192,19 @@ def _group(job: JobState, gid: str, name: str, ranks_text: str | None, cfg: Anal
 
 def _rank_state(job: JobState, record: SpanRecord, rank: int, received_at: float) -> RankState:
     state = job.ranks.get(rank)
-    pid = _int(record.resource.get(schema.RES_PROCESS_PID), 0)
+    resource = record.resource
+    if state is not None and resource is state.resource:  # same process, same host: nothing to re-read
+        if received_at > state.last_seen:
+            state.last_seen = received_at
+        return state
+    pid = _int(resource.get(schema.RES_PROCESS_PID), 0)
     if state is None or (pid and state.pid and pid != state.pid):
         # new process for this rank (first sight or a restart): frontiers start over
         state = job.ranks[rank] = RankState(rank=rank, first_seen=received_at, hb_interval=job.hb_interval)
     state.pid = pid or state.pid
-    state.host = str(record.resource.get(schema.RES_HOST_NAME, state.host))
+    state.host = str(resource.get(schema.RES_HOST_NAME, state.host))
     state.last_seen = max(state.last_seen, received_at)
+    state.resource = resource
     return state
 
 
@@ -200,79 +215,143 @@ def _advance(frontier: dict[str, int], gid: str, seq: int) -> bool:
     return False
 
 
+def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: AnalysisConfig) -> list[tuple[int, str]]:
+    """The (index, group id) pairs of this heartbeat's group table that the job admits.
+
+    Every heartbeat repeats the rank's table; when the decoder handed over the same list
+    objects as last time (it shares values decoded from identical bytes) the table did not
+    change and the groups it names exist already: nothing to look up again.
+    """
+    ids_v, names_v, members_v = a.get(schema.ATTR_HB_GROUP_IDS), a.get(schema.ATTR_HB_GROUP_NAMES), \
+        a.get(schema.ATTR_HB_GROUP_RANKS)
+    table = rank.hb_table
+    if table is not None and table[0] is ids_v and table[1] is names_v and table[2] is members_v:
+        return rank.hb_admitted
+    ids = [str(x) for x in _list(ids_v)]
+    names, members = _list(names_v), _list(members_v)
+    admitted: list[tuple[int, str]] = []
+    settled = True  # every admitted group knows its members: the next identical table can be skipped
+    for i, gid in enumerate(ids):
+        name = str(names[i]) if i < len(names) else ""
+        ranks_text = str(members[i]) if i < len(members) else None
+        group = _group(job, gid, name, ranks_text, cfg)
+        if group is None:
+            settled = False  # the group cap may have room later
+            continue
+        if ranks_text and not group.ranks:
+            settled = False
+        admitted.append((i, gid))
+    if settled and isinstance(ids_v, list):
+        rank.hb_table, rank.hb_admitted = (ids_v, names_v, members_v), admitted
+    else:
+        rank.hb_table = None
+    return admitted
+
+
 def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
                      cfg: AnalysisConfig) -> None:
     a = record.attributes
-    counter = _int(a.get(schema.ATTR_HB_COUNTER), -1)
+    counter = a.get(schema.ATTR_HB_COUNTER, -1)
+    if type(counter) is not int:
+        counter = _int(counter, -1)
     if counter >= 0 and counter < rank.hb_counter and received_at <= rank.last_hb_at:
         return  # an older heartbeat delivered late: the newer snapshot stands
     job.heartbeats += 1
     rank.hb_counter = counter
-    rank.last_hb_at = max(rank.last_hb_at, received_at)
+    if received_at > rank.last_hb_at:
+        rank.last_hb_at = received_at
     rank.hb_interval = _float(a.get(schema.ATTR_HB_INTERVAL_S), rank.hb_interval) or rank.hb_interval
     job.hb_interval = rank.hb_interval
-    rank.final = bool(a.get(schema.ATTR_HB_FINAL, False)) or rank.final
+    if not rank.final:
+        rank.final = bool(a.get(schema.ATTR_HB_FINAL, False))
     if rank.final:
         rank.exit_reason = str(a.get(schema.ATTR_HB_EXIT_REASON, rank.exit_reason or "exit"))
-    rank.idle_s = _float(a.get(schema.ATTR_HB_IDLE_S))
+    idle = a.get(schema.ATTR_HB_IDLE_S)
+    rank.idle_s = idle if type(idle) is float else _float(idle)
     rank.idle_observed_at = received_at
-    rank.stack = str(a.get(schema.ATTR_HB_STACK, ""))[-cfg.max_stack_chars:]
+    stack = a.get(schema.ATTR_HB_STACK, "")
+    rank.stack = (stack if type(stack) is str else str(stack))[-cfg.max_stack_chars:]
     comm = a.get(schema.ATTR_HB_COMM_S)
     if comm is not None:
         at = record.end_ns / 1e9
         if not rank.work or at > rank.work[-1][0]:
             rank.work.append((at, _float(comm), _int(a.get(schema.ATTR_HB_OPS_DONE))))
     step = a.get(schema.ATTR_HB_STEP)
-    rank.step = _int(step) if step is not None else rank.step
-    rank.dropped = _int(a.get(schema.ATTR_HB_DROPPED), rank.dropped)
+    if step is not None:
+        rank.step = _int(step)
+    dropped = a.get(schema.ATTR_HB_DROPPED)
+    if dropped is not None:
+        rank.dropped = dropped if type(dropped) is int else _int(dropped, rank.dropped)
 
-    ids = [str(x) for x in _list(a.get(schema.ATTR_HB_GROUP_IDS))]
-    names = _list(a.get(schema.ATTR_HB_GROUP_NAMES))
-    members = _list(a.get(schema.ATTR_HB_GROUP_RANKS))
-    issued = _list(a.get(schema.ATTR_HB_GROUP_ISSUED))
-    completed = _list(a.get(schema.ATTR_HB_GROUP_COMPLETED))
-    for i, gid in enumerate(ids):
-        name = str(names[i]) if i < len(names) else ""
-        ranks_text = str(members[i]) if i < len(members) else None
-        if _group(job, gid, name, ranks_text, cfg) is None:
-            continue
-        if i < len(issued):
-            _advance(rank.issued, gid, _int(issued[i]))
-        if i < len(completed) and _advance(rank.completed, gid, _int(completed[i])):
-            job.last_progress_at = received_at
-            job.completions += 1
+    issued_v = a.get(schema.ATTR_HB_GROUP_ISSUED)
+    completed_v = a.get(schema.ATTR_HB_GROUP_COMPLETED)
+    issued = issued_v if isinstance(issued_v, list) else _list(issued_v)
+    completed = completed_v if isinstance(completed_v, list) else _list(completed_v)
+    n_issued, n_completed = len(issued), len(completed)
+    rank_issued, rank_completed = rank.issued, rank.completed
+    for i, gid in _group_table(job, rank, a, cfg):
+        if i < n_issued:
+            seq = issued[i]
+            if type(seq) is not int:
+                seq = _int(seq)
+            if seq > rank_issued.get(gid, 0):
+                rank_issued[gid] = seq
+        if i < n_completed:
+            seq = completed[i]
+            if type(seq) is not int:
+                seq = _int(seq)
+            if seq > rank_completed.get(gid, 0):
+                rank_completed[gid] = seq
+                job.last_progress_at = received_at
+                job.completions += 1
 
-    gids = _list(a.get(schema.ATTR_HB_INFLIGHT_GROUP_IDS))
-    seqs = _list(a.get(schema.ATTR_HB_INFLIGHT_SEQS))
-    ops = _list(a.get(schema.ATTR_HB_INFLIGHT_OPS))
-    ages = _list(a.get(schema.ATTR_HB_INFLIGHT_AGES_S))
-    peers = _list(a.get(schema.ATTR_HB_INFLIGHT_PEERS))
-    sizes = _list(a.get(schema.ATTR_HB_INFLIGHT_BYTES))
-    dtypes = _list(a.get(schema.ATTR_HB_INFLIGHT_DTYPES))
+    gids = a.get(schema.ATTR_HB_INFLIGHT_GROUP_IDS)
     inflight: list[InFlight] = []
-    for i, gid in enumerate(gids):
-        op = InFlight(
-            group_id=str(gid),
-            seq=_int(seqs[i]) if i < len(seqs) else 0,
-            op=str(ops[i]) if i < len(ops) else "",
-            age_s=_float(ages[i]) if i < len(ages) else 0.0,
-            peer=_int(peers[i], -1) if i < len(peers) else -1,
-            bytes=_int(sizes[i]) if i < len(sizes) else 0,
-            observed_at=received_at,
-        )
+    if gids:
+        inflight = _inflight(job, rank, a, _list(gids), received_at, cfg)
+    rank.inflight = [op for op in inflight if not _done(rank, op)] if inflight else inflight
+    flow_keys = a.keys() & FLOW_KEYS  # a set operation in C instead of a prefix test per key
+    rank.flows = {key: _list(a[key]) for key in flow_keys} if flow_keys else {}
+
+
+def _seq_at(values: list[Any], i: int, default: int = 0) -> int:
+    if i >= len(values):
+        return default
+    value = values[i]
+    return value if type(value) is int else _int(value, default)
+
+
+def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any], received_at: float,
+              cfg: AnalysisConfig) -> list[InFlight]:
+    """The heartbeat's in-flight ops (parallel arrays); collectives also advance the issued frontier
+    and leave their signature at their seq (a mismatch that hangs shows there)."""
+    def arr(key: str) -> list[Any]:
+        value = a.get(key)
+        return value if isinstance(value, list) else _list(value)  # read-only: decoded values are shared
+
+    seqs, ops, ages = arr(schema.ATTR_HB_INFLIGHT_SEQS), arr(schema.ATTR_HB_INFLIGHT_OPS), \
+        arr(schema.ATTR_HB_INFLIGHT_AGES_S)
+    peers, sizes, dtypes = arr(schema.ATTR_HB_INFLIGHT_PEERS), arr(schema.ATTR_HB_INFLIGHT_BYTES), \
+        arr(schema.ATTR_HB_INFLIGHT_DTYPES)
+    inflight: list[InFlight] = []
+    groups = job.groups
+    for i, gid_v in enumerate(gids):
+        gid = gid_v if type(gid_v) is str else str(gid_v)
+        age = ages[i] if i < len(ages) else 0.0
+        op = InFlight(gid, _seq_at(seqs, i), str(ops[i]) if i < len(ops) else "",
+                      age if type(age) is float else _float(age), _seq_at(peers, i, -1), _seq_at(sizes, i),
+                      received_at)
         inflight.append(op)
-        if op.is_p2p:
-            key = _p2p_key(op.group_id, rank.rank, op.peer, op.op)
+        if op.peer >= 0:
+            key = _p2p_key(gid, rank.rank, op.peer, op.op)
             rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), op.seq)
         else:
-            _advance(rank.issued, op.group_id, op.seq)
-            group = job.groups.get(op.group_id)
+            _advance(rank.issued, gid, op.seq)
+            group = groups.get(gid)
             if group is not None:
                 dtype = str(dtypes[i]) if i < len(dtypes) else ""
                 _seq_record(group, op.seq, cfg).sigs.setdefault(rank.rank, (op.op, op.bytes, dtype))
-    rank.inflight = [op for op in inflight if not _done(rank, op)]
-    flows = {key: _list(value) for key, value in a.items() if key.startswith("mycroft.hb.flow.")}
-    rank.flows = flows
+    return inflight
 
 
 def _done(rank: RankState, op: InFlight) -> bool:
@@ -350,11 +429,14 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
     With use_span_time (offline replay) each record counts as received at its end time.
     """
     used = 0
+    folded = (schema.KIND_HEARTBEAT, schema.KIND_COLLECTIVE, schema.KIND_P2P)
     for record in records:
-        kind = record.kind
-        if kind not in (schema.KIND_HEARTBEAT, schema.KIND_COLLECTIVE, schema.KIND_P2P):
+        kind = record.attributes.get(schema.ATTR_SPAN_KIND, "")
+        if kind not in folded:
             continue
-        rank_id = record.rank
+        rank_id = record.attributes.get(schema.ATTR_RANK)
+        if type(rank_id) is not int:  # the common case is an int attribute; else SpanRecord's rules
+            rank_id = record.rank
         if rank_id is None or rank_id < 0:
             continue
         reason = admission.reject_reason(record, rank_id, cfg)
@@ -367,9 +449,13 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
         if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
             job.dropped_records += 1
             continue
-        job.last_seen = max(job.last_seen, at)
-        world = _int(record.resource.get(schema.RES_WORLD_SIZE), 0)
-        job.world_size = max(job.world_size, world)
+        if at > job.last_seen:
+            job.last_seen = at
+        world = record.resource.get(schema.RES_WORLD_SIZE, 0)
+        if type(world) is not int:
+            world = _int(world, 0)
+        if world > job.world_size:
+            job.world_size = world
         rank = _rank_state(job, record, rank_id, at)
         if kind == schema.KIND_HEARTBEAT:
             _apply_heartbeat(job, rank, record, at, cfg)

@@ -14,8 +14,20 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 
-from mycroft.otlp import OtlpDecodeError, SpanRecord, decode_json, decode_protobuf, encode_json, request_from_records
+from mycroft.otlp import (
+    DecodeCache,
+    OtlpDecodeError,
+    SpanRecord,
+    _fast_kv,
+    _from_any,
+    _to_any,
+    decode_json,
+    decode_protobuf,
+    encode_json,
+    request_from_records,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from edge_fuzz import RCA_HTTP_CODES, fuzz_grpc, fuzz_http, mutate, seed_records
@@ -52,6 +64,35 @@ def test_protobuf_decoder_on_mutated_requests(rng: random.Random) -> None:
     for record in records or []:
         assert isinstance(record.attributes, dict) and isinstance(record.job_id, str)
         _ = record.rank, record.kind  # the properties the services read must not raise
+
+
+@FUZZ
+@given(st.randoms(use_true_random=False))
+def test_lean_cached_decoder_matches_the_full_one(rng: random.Random) -> None:
+    """The receivers' fast path (lean upb schema + memo by bytes) gives exactly the full decoder's
+    records wherever the full decoder accepts the input, cold and with a warm cache."""
+    payload = mutate(VALID, rng)
+    full = _decodes_or_refuses(decode_protobuf, payload)
+    warm = DecodeCache()
+    _decodes_or_refuses(warm.decode, VALID)
+    for cache in (DecodeCache(), warm, warm):
+        lean = _decodes_or_refuses(cache.decode, payload)
+        if full is not None:  # the lean schema skips fields it does not read (events, links): it may accept more
+            assert lean == full
+
+
+scalars = st.none() | st.booleans() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1) | \
+    st.floats(allow_nan=False) | st.text(max_size=200)
+
+
+@FUZZ
+@given(st.text(max_size=140), st.recursive(scalars, lambda children: st.lists(children, max_size=40), max_leaves=60))
+def test_fast_key_value_decoding_equals_protobuf(key: str, value: object) -> None:
+    kv = KeyValue(key=key) if value is None else KeyValue(key=key, value=_to_any(value))
+    raw = kv.SerializeToString()
+    fast = _fast_kv(raw)
+    if fast is not None:
+        assert fast == (key, _from_any(KeyValue.FromString(raw).value))
 
 
 @FUZZ

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -126,6 +127,14 @@ def local_rca(db_dir: str | None = None, host: str = "127.0.0.1", **options: Any
     from .webhook import WebhookReceiver
 
     tmp = tempfile.mkdtemp(prefix="mycroft-rca-") if db_dir is None else db_dir
+    # the service's incident log goes to a file beside its database, not over the progress line
+    rca_log = logging.getLogger("mycroft.rca")
+    quiet = not rca_log.handlers
+    if quiet:
+        handler = logging.FileHandler(os.path.join(tmp, "rca.log"))
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        rca_log.addHandler(handler)
+        rca_log.propagate = False
     receiver = WebhookReceiver().start()
     options.setdefault("webhooks", [receiver.url])
     service = RcaService(ServiceOptions(otlp_grpc=f"{host}:0", otlp_http=f"{host}:0", http=f"{host}:0",
@@ -149,6 +158,10 @@ def local_rca(db_dir: str | None = None, host: str = "127.0.0.1", **options: Any
     finally:
         service.stop()
         receiver.stop()
+        if quiet:
+            rca_log.removeHandler(handler)
+            handler.close()
+            rca_log.propagate = True
         if db_dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -536,15 +549,19 @@ def main(argv: list[str] | None = None) -> int:
     ctx: contextlib.AbstractContextManager[Any] = (
         contextlib.nullcontext(RemoteRca(args.rca_otlp, args.rca_api)) if args.rca_otlp else local_rca())
     interruptible()
+    total = len(faults) * args.runs
     with ctx as rca, contextlib.suppress(KeyboardInterrupt):
         for fault in faults:
             for _ in range(args.runs):
                 trigger = args.trigger if fault in (*PROCESS_FAULTS, "straggler") else "step"
+                k = len(results) + 1
+                if sys.stdout.isatty():
+                    print(f"\r[{k}/{total}] running {fault}... {total - k + 1} left", end="", flush=True)
                 r = run_one(rca, fault, args.nproc, args.rank, args.step, args.heartbeat, args.step_s, args.timeout,
                             rng=rng, log_dir=args.log_dir, layout=args.layout, trigger=trigger, at_s=args.at,
                             position=args.position)
                 results.append(r)
-                print(describe(r), flush=True)
+                print(("\r\033[K" if sys.stdout.isatty() else "") + f"[{k}/{total}] {describe(r)}", flush=True)
     print()
     print(table(results))
     if args.json:

@@ -69,7 +69,8 @@ def _row(world: int, fault: str, runs: list[dict[str, Any]], iteration_s: float)
         "detected_p50_s": round(statistics.median(detected), 2) if detected else None,
         "detected_p90_s": _pct(detected, 0.9), "root_cause_p50_s": round(statistics.median(rooted), 2)
         if rooted else None, "root_cause_p90_s": _pct(rooted, 0.9),
-        "wrong": dict(wrong), "false_before_onset": sum(int(r.get("false_incidents_before_fault") or 0) for r in ok),
+        "wrong": dict(wrong), "info_verdicts": sum(1 for r in right if r.get("verdict_severity") == "info"),
+        "false_before_onset": sum(int(r.get("false_incidents_before_fault") or 0) for r in ok),
         "heartbeats_lost": sum(int(r.get("heartbeats_lost") or 0) for r in ok),
         "service_cpu_pct_max": max((float(r["service_cpu_pct"]) for r in ok if r.get("service_cpu_pct")),
                                    default=None),
@@ -94,12 +95,18 @@ def main() -> int:
     parser.add_argument("--iteration-s", type=float, default=5.0,
                         help="training iteration length for the bytes-per-iteration figure (the paper's unit)")
     parser.add_argument("--json", help="write every run and the table here")
+    parser.add_argument("--from-json", nargs="*", default=[], help="only print the table of these saved runs")
     args = parser.parse_args()
     from mycroft.faults.simulate import fault_list
 
     faults = fault_list(args.faults)
     results: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-    for world in (int(w) for w in args.worlds.split(",")):
+    for path in args.from_json:
+        with open(path) as f:
+            for runs in json.load(f)["runs"].values():
+                for line in runs:
+                    results[(int(line["ranks"]) if "ranks" in line else 0, line["fault"])].append(line)
+    for world in (int(w) for w in args.worlds.split(",")) if not args.from_json else ():
         width = 1 if world >= 4096 else max(1, args.concurrent)
         jobs = [(f, i) for i in range(args.runs) for f in faults]
         for k in range(0, len(jobs), width):
@@ -110,12 +117,14 @@ def main() -> int:
                 results[(world, line["fault"])].append(line)
     rows = [_row(w, f, runs, args.iteration_s) for (w, f), runs in results.items()]
     print()
-    print("| world | fault | runs | right | detected p50 / p90 s | root cause p50 / p90 s | said instead | "
+    print("| world | fault | runs | right (of which info) | detected p50 / p90 s | root cause p50 / p90 s | "
+          "said instead | "
           "false before onset | hb lost | service CPU max | RSS MB max | KB / machine / s | KB / machine / "
           f"{args.iteration_s:g}-s iteration (paper {PAPER_KB_PER_ITERATION}) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['world']:,} | {r['fault']} | {r['runs']} | {r['right_pct']}% | {r['detected_p50_s']} / "
+        print(f"| {r['world']:,} | {r['fault']} | {r['runs']} | {r['right_pct']}% ({r['info_verdicts']}) | "
+              f"{r['detected_p50_s']} / "
               f"{r['detected_p90_s']} | {r['root_cause_p50_s']} / {r['root_cause_p90_s']} | "
               f"{', '.join(f'{k} x{v}' for k, v in r['wrong'].items()) or '-'} | {r['false_before_onset']} | "
               f"{r['heartbeats_lost']} | {r['service_cpu_pct_max']}% (x{r['concurrent']} jobs) | "

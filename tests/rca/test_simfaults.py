@@ -22,7 +22,7 @@ from mycroft.otlp import decode_protobuf
 from tests.conftest import REPO
 
 
-def _simulate(faults: str, seconds: float, warmup: int, interval: float = 0.5) -> dict[str, dict[str, Any]]:
+def _simulate(faults: str, seconds: float, warmup: int, interval: float = 1.0) -> dict[str, dict[str, Any]]:
     out = subprocess.run([sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", "256", "--tp", "8",
                           "--fault", faults, "--interval", str(interval), "--warmup", str(warmup),
                           "--seconds", str(seconds), "--senders", "1", "--prebuild-s", "3", "--seed", "3"],
@@ -34,7 +34,7 @@ def _simulate(faults: str, seconds: float, warmup: int, interval: float = 0.5) -
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict[str, Any]]:
-    return _simulate("all,none", seconds=13, warmup=8)
+    return _simulate("all,none", seconds=16, warmup=6)
 
 
 @pytest.mark.parametrize("fault", [*PROCESS_FAULTS, *sorted(set(NCCL_FAULTS) - NET_SLOW)])
@@ -43,7 +43,7 @@ def test_each_fault_the_rca_can_name_is_named_over_the_real_path(runs: dict[str,
     run = runs[fault]
     assert run["right"], run
     assert run["heartbeats_lost"] == 0 and run["false_incidents_before_fault"] == 0, run
-    assert run["detected_s"] is not None and 0 <= run["detected_s"] < 4.5, run
+    assert run["detected_s"] is not None and 0 <= run["detected_s"] < 8.0, run
     if fault == "deadlock":
         named = {r for _, r in run["verdict_root_causes"]}
         assert run["fault_rank"] in named or run["fault_partner"] in named, run

@@ -49,6 +49,13 @@ class AnalysisConfig:
     straggle_fast_beats: int = 3
     straggle_fast_growth: float = 0.20
     straggle_fast_slowdown: float = 1.15
+    # a slow link in a moving ring (slow_links.py): one rank's flows hold a backlog at its own
+    # NIC / PCIe / proxy in each of its last sampled heartbeats while the job runs slower
+    slow_link_beats: int = 3
+    slow_link_min_steps: int = 2  # steps held, and this many more than the ring's others at most
+    slow_link_min_idle_s: float = 0.02  # proxy: nothing pending, nothing moving for this long
+    slow_link_factor: float = 4.0  # ... and this many times the others' idle time
+    slow_link_min_slowdown: float = 1.15
     comm_min_wait_growth: float = 0.08  # a transport slowdown: the ranks' wait share up this much
     imbalance_min_excess: float = 0.05  # compute share above the same-work peers' median
     straggle_warning_slowdown: float = 1.15  # job op rate down this much: a warning, else info

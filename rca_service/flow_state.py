@@ -88,7 +88,8 @@ def _column(attrs: Mapping[str, Any], key: str, n: int, default: Any) -> list[An
     return [default] * n
 
 
-def _parse(rank: int, attrs: Mapping[str, Any]) -> list[_Flow]:
+def parse_flows(rank: int, attrs: Mapping[str, Any]) -> list[_Flow]:
+    """A heartbeat's flow arrays as flows (counters, peer, side, age, proxy state)."""
     comms = attrs.get(schema.ATTR_HB_FLOW_COMMS)
     if not isinstance(comms, list | tuple) or not comms:
         return []
@@ -196,7 +197,7 @@ def classify_flows(heartbeat_attrs_by_rank: Mapping[int, Mapping[str, Any]],
     """
     flows: dict[tuple[str, int, int, int, bool, int], _Flow] = {}
     for rank, attrs in heartbeat_attrs_by_rank.items():
-        for f in _parse(int(rank), attrs):
+        for f in parse_flows(int(rank), attrs):
             flows[(f.comm, f.seq, f.channel, f.rank, f.send, f.peer)] = f
     # each rank's receive flow per (comm, seq, channel): the input its send forwards (first one
     # seen, as before); an index, not a scan per send: a 2,048-rank DP ring has 8k flows

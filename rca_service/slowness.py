@@ -178,6 +178,11 @@ def _slowdown(windows: dict[int, WorkWindow]) -> float:
     return statistics.median(based) / recent_rate if recent_rate > 0 else 1.0
 
 
+def job_slowdown(job: JobState, cfg: AnalysisConfig, beats: int) -> float:
+    """How much slower the job completes ops over its last `beats` intervals than before."""
+    return _slowdown({r: w for r, rank in job.ranks.items() if (w := work_window(rank, cfg, beats)) is not None})
+
+
 def _onset(job: JobState, cfg: AnalysisConfig, beats: int, min_growth: float, min_slowdown: float,
            min_persistence: float) -> Straggle | None:
     """A rank whose compute share held or grew while everyone else's fell (they wait on it)."""

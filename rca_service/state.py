@@ -20,6 +20,7 @@ from .config import AnalysisConfig
 from .pauses import LearnedPause
 
 WORK_SAMPLES = 40  # heartbeats of compute/wait history per rank (slowness.py)
+FLOW_HISTORY = 8  # heartbeats with flows per rank (slow_links.py)
 TIMELINE_OPS = 64  # completed ops per rank kept for the propagation evidence
 
 #: the native flow counters of a heartbeat (every one schema.py names)
@@ -74,6 +75,8 @@ class RankState:
     p2p_completed: dict[P2PKey, int] = field(default_factory=dict)
     errors: deque[tuple[str, int, str, str]] = field(default_factory=lambda: deque(maxlen=8))
     flows: dict[str, list[Any]] = field(default_factory=dict)
+    # the last heartbeats' flow arrays, each [flows, its slow_links mark (None: not computed yet)]
+    flow_history: deque[list[Any]] = field(default_factory=lambda: deque(maxlen=FLOW_HISTORY))
     # (heartbeat time on the rank's clock, cumulative comm seconds, cumulative ops): compute vs wait
     work: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=WORK_SAMPLES))
     # the rank's last completed ops: (start, end, group id, seq), on its own clock
@@ -312,6 +315,8 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank.inflight = [op for op in inflight if not _done(rank, op)] if inflight else inflight
     flow_keys = a.keys() & FLOW_KEYS  # a set operation in C instead of a prefix test per key
     rank.flows = {key: _list(a[key]) for key in flow_keys} if flow_keys else {}
+    if flow_keys or rank.flow_history:  # beats without flows count too: old marks age out
+        rank.flow_history.append([rank.flows or None, None])  # marks: computed only when a pass needs them
 
 
 def _seq_at(values: list[Any], i: int, default: int = 0) -> int:

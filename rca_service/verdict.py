@@ -36,7 +36,8 @@ from .findings import (
     Finding,
     RootCause,
 )
-from .slowness import find_straggle, job_wait_growth
+from .slow_links import find_slow_link
+from .slowness import find_straggle, job_slowdown, job_wait_growth
 from .state import JobState
 from .triggers import (
     ALIVE,
@@ -388,10 +389,28 @@ def _straggle_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
     return finding
 
 
+def _slow_link_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
+    """A moving ring paced by one rank's NIC / PCIe / proxy (slow_links.py)."""
+    found = find_slow_link(job, cfg, job_slowdown(job, cfg, cfg.slow_link_beats))
+    if found is None:
+        return None
+    text = str(found.evidence["text"])
+    reason = f"job slowed x{found.slowdown:.2f} by one rank's {found.locus} (from x{cfg.slow_link_min_slowdown:g})"
+    finding = Finding(job.job_id, SLOWDOWN, f"job slowed down x{found.slowdown:.2f}: {text}",
+                      [RootCause(found.rank, RC_LINK, found.evidence)], {},
+                      {"mode": "link", "locus": found.locus, "job_slowdown": round(found.slowdown, 3)}, WARNING, reason)
+    peers = [found.peer] if found.peer >= 0 else []
+    finding.draw = lambda: graph_view.slow_view(job, found.rank, peers, job.last_seen)
+    return finding
+
+
 def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
     straggle = _straggle_finding(job, cfg)
     if straggle is not None:
         return straggle
+    link = _slow_link_finding(job, cfg)
+    if link is not None:
+        return link
     # without compute/wait heartbeats (older instrumentation, spans-only recordings) arrival
     # order is all there is; with them, a slowdown no rank's compute explains is the transport's
     has_work = any(rank.work for rank in job.ranks.values())

@@ -1,0 +1,154 @@
+"""Which rank's link makes a moving ring slow: the flow counters of heartbeats, over time.
+
+A slower NIC, a downgraded PCIe link or a late proxy thread do not stop a ring, they pace
+it: every rank waits more and none computes more, so the compute-share rule
+(slowness.py) rightly names no straggler, and the hang path never runs. What differs is
+where each rank's in-flight steps sit when its heartbeat samples them (the plugin's
+per-flow counters, flow_state.py):
+
+* send flow, transmitted - done: posted to the network, completion not seen: the
+  sender's NIC / the wire drains slowly (NIC bandwidth limit, background traffic);
+* receive flow, transmitted - done: arrived, not yet consumed / flushed to the GPU: the
+  receiver's PCIe / GPU side (PCIe downgrade);
+* nothing pending on any of the rank's flows, yet none moved for long: its proxy posts
+  late (a victim always has something pending: receive buffers posted, waiting for data).
+
+A rank holds a backlog at one of its own loci in every recent heartbeat that sampled its
+flows, well above what the ring's other ranks ever hold there, while the job runs slower
+than its baseline: that rank's link is named. Pure functions of the job state.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import flow_state
+from .config import AnalysisConfig
+from .state import JobState
+
+LOCUS_NETWORK = "network"  # its sends are posted to the network and complete slowly
+LOCUS_PCIE = "pcie"  # what it receives waits to be flushed / consumed by its GPU
+LOCUS_PROXY = "proxy"  # nothing pending, nothing moving: its proxy posts late
+
+_LOCUS_TEXT = {
+    LOCUS_NETWORK: "its sends sit posted to the network, not completed (transmitted - done): its NIC or the "
+                   "link drains slowly",
+    LOCUS_PCIE: "what it receives sits arrived but not flushed to its GPU (transmitted - done on its receive "
+                "flows): its PCIe / GPU side is slow",
+    LOCUS_PROXY: "its flows have nothing pending yet do not move: its proxy thread posts steps late",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FlowMark:
+    """Where one heartbeat's in-flight flows of one rank hold their steps (max over its flows)."""
+
+    network: int  # send flows: transmitted - done
+    network_peer: int
+    pcie: int  # receive flows: transmitted - done
+    pcie_peer: int
+    idle_s: float  # every flow with nothing pending: the youngest one's age; 0 when something is pending
+
+
+@dataclass(slots=True)
+class SlowLink:
+    rank: int
+    locus: str
+    peer: int
+    held: float  # what it held in every recent sampled heartbeat (steps; seconds for the proxy)
+    ring_typical: float  # what the other ranks hold there at most (median over them)
+    beats: int
+    slowdown: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def flow_mark(rank: int, attrs: Mapping[str, Any]) -> FlowMark | None:
+    """One heartbeat's flows of `rank`, summarised; None when it sampled no flow."""
+    flows = [f for f in flow_state.parse_flows(rank, attrs) if f.rank == rank and f.d < f.steps]
+    if not flows:
+        return None
+    network = max(((f.t - f.d, f.peer) for f in flows if f.send), default=(0, -1))
+    pcie = max(((f.t - f.d, f.peer) for f in flows if not f.send), default=(0, -1))
+    pending = any(f.g > f.t or f.t > f.d or f.posted > f.g for f in flows)
+    idle = 0.0 if pending else min(f.age for f in flows)
+    return FlowMark(network[0], network[1], pcie[0], pcie[1], idle)
+
+
+def _marks(job: JobState, beats: int) -> dict[int, list[FlowMark]]:
+    """Each rank's marks of its last `beats` heartbeats that sampled flows (computed once, kept)."""
+    out: dict[int, list[FlowMark]] = {}
+    for r, rank in job.ranks.items():
+        history = rank.flow_history
+        if not history:
+            continue
+        marks: list[FlowMark] = []
+        for entry in reversed(history):
+            if entry[1] is None:
+                entry[1] = (flow_mark(r, entry[0]) if entry[0] else None) or False
+            if entry[1]:
+                marks.append(entry[1])
+                if len(marks) == beats:
+                    break
+        if marks:
+            out[r] = marks
+    return out
+
+
+def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
+             cfg: AnalysisConfig) -> tuple[int, float, float, int] | None:
+    """(rank, held, ring typical, peer) of the rank holding most at `locus` in every sampled beat."""
+    def held(ms: Sequence[FlowMark]) -> float:
+        if locus == LOCUS_NETWORK:
+            return float(min(m.network for m in ms))
+        if locus == LOCUS_PCIE:
+            return float(min(m.pcie for m in ms))
+        return min(m.idle_s for m in ms)
+
+    def peak(ms: Sequence[FlowMark]) -> float:
+        if locus == LOCUS_NETWORK:
+            return float(max(m.network for m in ms))
+        if locus == LOCUS_PCIE:
+            return float(max(m.pcie for m in ms))
+        return max(m.idle_s for m in ms)
+
+    full = {r: ms for r, ms in marks.items() if len(ms) >= beats}
+    if len(full) < 3:
+        return None
+    top = max(full, key=lambda r: held(full[r]))
+    value = held(full[top])
+    typical = statistics.median(peak(ms) for r, ms in full.items() if r != top)
+    if locus == LOCUS_PROXY:
+        if value < cfg.slow_link_min_idle_s or value < cfg.slow_link_factor * typical:
+            return None
+        peer = -1
+    else:
+        if value < cfg.slow_link_min_steps or value < typical + cfg.slow_link_min_steps:
+            return None
+        last = full[top][0]
+        peer = last.network_peer if locus == LOCUS_NETWORK else last.pcie_peer
+    return top, value, typical, peer
+
+
+def find_slow_link(job: JobState, cfg: AnalysisConfig, slowdown: float) -> SlowLink | None:
+    """The rank whose link paces the job, when the job runs slower and one rank's flows say why."""
+    if slowdown < cfg.slow_link_min_slowdown:
+        return None
+    beats = cfg.slow_link_beats
+    marks = _marks(job, beats)
+    for locus in (LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY):
+        found = _culprit(marks, locus, beats, cfg)
+        if found is None:
+            continue
+        rank, held, typical, peer = found
+        unit = "s idle" if locus == LOCUS_PROXY else " steps"
+        text = (f"rank {rank}: {_LOCUS_TEXT[locus]}; it held {held:g}{unit} there in each of its last {beats} "
+                f"sampled heartbeats, the ring's other ranks at most {typical:g}{unit} (median); the job completes "
+                f"ops x{slowdown:.2f} slower" + (f"; the link to rank {peer}" if peer >= 0 else ""))
+        evidence = {"text": text, "locus": locus, "held": held, "ring_typical": typical, "beats": beats,
+                    "peer": peer if peer >= 0 else None, "job_slowdown": round(slowdown, 3),
+                    "suspect_side": flow_state.SIDE_RECV if locus == LOCUS_PCIE else flow_state.SIDE_SEND}
+        return SlowLink(rank, locus, peer, held, typical, beats, slowdown, evidence)
+    return None

@@ -1,0 +1,84 @@
+"""slow_links.py: which rank's NIC / PCIe / proxy paces a moving ring, from heartbeats' flow counters.
+
+Hand-built 6-rank rings (counters as the plugin reports them), independent of the simulator.
+"""
+
+from __future__ import annotations
+
+from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.slow_links import LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY, find_slow_link, flow_mark
+from mycroft.rca_service.state import JobState, RankState
+
+from mycroft import schema
+
+CFG = AnalysisConfig()
+N = 6
+STEPS = 10
+
+
+def _attrs(rank: int, flows: list[tuple[bool, int, int, int, int, float]]) -> dict[str, object]:
+    """flows: (is_send, posted, G, T, D, age) of the rank's ring flows, channel 0."""
+    peers = [(rank + 1) % N if send else (rank - 1) % N for send, *_ in flows]
+    return {
+        schema.ATTR_HB_FLOW_COMMS: ["c0ffee"] * len(flows), schema.ATTR_HB_FLOW_SEQS: [7] * len(flows),
+        schema.ATTR_HB_FLOW_CHANNELS: [0] * len(flows), schema.ATTR_HB_FLOW_PEERS: peers,
+        schema.ATTR_HB_FLOW_SENDS: [f[0] for f in flows], schema.ATTR_HB_FLOW_STEPS: [STEPS] * len(flows),
+        schema.ATTR_HB_FLOW_POSTED: [f[1] for f in flows], schema.ATTR_HB_FLOW_GPU_READY: [f[2] for f in flows],
+        schema.ATTR_HB_FLOW_TRANSMITTED: [f[3] for f in flows], schema.ATTR_HB_FLOW_DONE: [f[4] for f in flows],
+        schema.ATTR_HB_FLOW_AGES_S: [f[5] for f in flows], schema.ATTR_HB_FLOW_RANKS: [rank] * len(flows),
+        schema.ATTR_HB_FLOW_PROXY_STATES: [""] * len(flows),
+    }
+
+
+HEALTHY = [(True, 5, 5, 4, 4, 0.002), (False, 6, 6, 4, 4, 0.002)]  # one step in the pipe, buffers posted ahead
+
+
+def _job(beats: list[dict[int, list[tuple[bool, int, int, int, int, float]]]]) -> JobState:
+    job = JobState("ring")
+    for r in range(N):
+        job.ranks[r] = RankState(r)
+    for beat in beats:
+        for r in range(N):
+            flows = beat.get(r, HEALTHY)
+            job.ranks[r].flow_history.append([_attrs(r, flows) if flows else None, None])
+    return job
+
+
+def test_a_slow_nic_is_the_rank_whose_sends_sit_on_the_network() -> None:
+    slow = {2: [(True, 8, 8, 8, 4, 0.03), (False, 6, 6, 4, 4, 0.002)]}  # 4 steps posted, not completed
+    found = find_slow_link(_job([slow] * 3), CFG, slowdown=1.8)
+    assert found is not None and (found.rank, found.locus, found.peer) == (2, LOCUS_NETWORK, 3)
+    assert "NIC" in found.evidence["text"] and found.evidence["held"] == 4
+
+
+def test_a_slow_pcie_link_is_the_rank_whose_receives_wait_to_be_flushed() -> None:
+    slow = {4: [(True, 5, 5, 4, 4, 0.002), (False, 8, 8, 7, 4, 0.03)]}
+    found = find_slow_link(_job([slow] * 3), CFG, slowdown=1.5)
+    assert found is not None and (found.rank, found.locus, found.peer) == (4, LOCUS_PCIE, 3)
+
+
+def test_a_late_proxy_has_nothing_pending_and_nothing_moving_while_its_victims_wait() -> None:
+    # rank 1 posts late: counters equal, 60 ms since its last step; the others wait with
+    # buffers posted (pending), as long
+    waiting = [(True, 4, 4, 4, 4, 0.06), (False, 6, 6, 4, 4, 0.06)]
+    beat = {r: waiting for r in range(N)} | {1: [(True, 4, 4, 4, 4, 0.06), (False, 4, 4, 4, 4, 0.06)]}
+    found = find_slow_link(_job([beat] * 3), CFG, slowdown=2.0)
+    assert found is not None and (found.rank, found.locus) == (1, LOCUS_PROXY)
+
+
+def test_no_verdict_when_the_job_is_not_slower_or_the_backlog_does_not_persist() -> None:
+    slow = {2: [(True, 8, 8, 8, 4, 0.03), (False, 6, 6, 4, 4, 0.002)]}
+    assert find_slow_link(_job([slow] * 3), CFG, slowdown=1.05) is None  # not slower: a busy link is normal
+    assert find_slow_link(_job([slow, {}, slow]), CFG, slowdown=1.8) is None  # one sampled beat without it
+    assert find_slow_link(_job([slow] * 2), CFG, slowdown=1.8) is None  # too few beats
+    # every rank equally network-bound: the ring's pace, nobody's fault
+    bound = {r: [(True, 8, 8, 8, 4, 0.01), (False, 8, 8, 6, 6, 0.01)] for r in range(N)}
+    assert find_slow_link(_job([bound] * 3), CFG, slowdown=1.8) is None
+
+
+def test_heartbeats_without_flows_age_old_marks_out() -> None:
+    slow = {2: [(True, 8, 8, 8, 4, 0.03), (False, 6, 6, 4, 4, 0.002)]}
+    quiet = {r: [] for r in range(N)}
+    job = _job([slow] * 3 + [quiet] * 8)  # the history holds 8 beats: the backlog is gone
+    assert find_slow_link(job, CFG, slowdown=1.8) is None
+    assert flow_mark(0, {}) is None

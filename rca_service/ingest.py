@@ -9,7 +9,10 @@ when the heartbeat queue is full too does the sink raise OverflowError, which th
 receiver turns into 429 / RESOURCE_EXHAUSTED (OTLP clients retry). Memory stays bounded.
 
 `horizon()` is the receive time of the oldest record not folded yet: the analysis runs
-as of then, so a backlog delays verdicts instead of making ranks look silent.
+as of then, so a backlog delays verdicts instead of making ranks look silent. Refused
+heartbeats are records not received yet (their exporters retry): from the first refusal
+until REFUSAL_MEMORY_S after the last one, the horizon stays at the first, so a rank whose
+heartbeat the service itself turned away is not convicted as lost.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from .metrics import Metrics
 log = logging.getLogger("mycroft.rca.ingest")
 
 
+REFUSAL_MEMORY_S = 3.0  # an OTLP exporter's retry of a refused request comes within ~1-2 s
+
+
 def _is_heartbeat(record: SpanRecord) -> bool:
     return record.attributes.get(schema.ATTR_SPAN_KIND) == schema.KIND_HEARTBEAT
 
@@ -51,6 +57,8 @@ class IngestQueue:
         self._queued_beats = 0
         self._queued_spans = 0
         self._cond = threading.Condition()
+        self._refusing_since = 0.0  # first heartbeat refusal of the current episode
+        self._refused_last = 0.0
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -70,6 +78,8 @@ class IngestQueue:
         """Receive time of the oldest record still queued (None: everything received is folded)."""
         with self._cond:
             heads = [q[0][1] for q in (self._beats, self._queue) if q]
+            if self._refused_last and time.time() - self._refused_last <= REFUSAL_MEMORY_S:
+                heads.append(self._refusing_since)  # heartbeats we turned away are still coming
         return min(heads) if heads else None
 
     def sink(self, records: list[SpanRecord]) -> int:
@@ -80,6 +90,9 @@ class IngestQueue:
         shed = 0
         with self._cond:
             if self._queued_beats + len(beats) > self._max_heartbeats:
+                if now - self._refused_last > REFUSAL_MEMORY_S:
+                    self._refusing_since = now
+                self._refused_last = now
                 self._metrics.inc("mycroft_rca_spans_dropped_total", len(records), reason="queue_full")
                 raise OverflowError(f"RCA ingest queue full ({self.queued} spans queued); retry later")
             if spans and self._queued_spans + len(spans) > self._max_spans:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.service import RcaService, ServiceOptions
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -102,6 +103,36 @@ def test_a_backlog_defers_the_analysis_instead_of_convicting_silent_ranks(tmp_pa
             service.analyze_now()
             assert not service.engine.tracker.active
             # the control: the same silence with nothing queued is a crash
+            service.analyze_now(time.time() + 10.0)
+            assert any(i.kind == "crash" for i in service.engine.tracker.active.values())
+    finally:
+        service.stop()
+
+
+def test_heartbeats_the_service_refused_hold_the_horizon_until_their_retries_can_come(tmp_path: Path) -> None:
+    """A full heartbeat queue refuses a request (RESOURCE_EXHAUSTED: the exporter retries): the
+    ranks in it are not lost meanwhile, the analysis runs as of the first refusal."""
+    from mycroft.rca_service import ingest
+
+    service = _service(tmp_path / "rca.db").start()
+    try:
+        job = StepJob("refused", 8, t0=time.time() - 30)
+        with grpc.insecure_channel(f"127.0.0.1:{service.receiver.grpc_port}") as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            _export(stub, job.steps(20) + job.heartbeats(time.time(), not_entered=range(8), stack=""))
+            wait_until(lambda: service.ingest.queued == 0 and "refused" in service.engine.jobs)
+            service.ingest._max_heartbeats = 0  # full: every heartbeat request is refused
+            refused_at = time.time()
+            with pytest.raises(grpc.RpcError) as refused:
+                _export(stub, job.heartbeats(time.time(), not_entered=range(8), stack=""))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            horizon = service.ingest.horizon()
+            assert horizon is not None and refused_at <= horizon <= time.time()
+            service.analyze_now(time.time() + 10.0)  # the clock runs on; the service is blind since then
+            assert not service.engine.tracker.active
+            # once the exporters' retries could have come, the silence is real again
+            service.ingest._refused_last -= ingest.REFUSAL_MEMORY_S + 0.1
+            assert service.ingest.horizon() is None
             service.analyze_now(time.time() + 10.0)
             assert any(i.kind == "crash" for i in service.engine.tracker.active.values())
     finally:

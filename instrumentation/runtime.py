@@ -25,10 +25,11 @@ from typing import Any
 
 from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
 from mycroft.instrumentation.config import MycroftConfig
+from mycroft.instrumentation.digest import SignatureDigests
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
-from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, keep_op, op_span
+from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, keep_op, op_span, readable
 from opentelemetry.sdk.resources import Resource
 
 from mycroft import schema
@@ -142,6 +143,7 @@ class Runtime:
                                config.export_delay_s, deliver=deliver)
         self._rng = random.Random()
         self.sampled_out = 0  # op spans the diet did not send (MYCROFT_OP_SPAN_SAMPLE)
+        self._digests = SignatureDigests()  # what the RCA compares when op spans are sampled
         self._hb_counter = 0
         self._last_hb_ns = time.time_ns()
         self._stop = threading.Event()
@@ -276,8 +278,12 @@ class Runtime:
         ratio, slow = self.config.op_span_sample, self.config.keep_slow_s
         for _ in range(len(queue)):
             record = queue.popleft()
-            if record.device and record.op not in schema.P2P_OPS:
-                self._py_ops.append(PyOp(record.group.gid, record.seq, record.op, record.start_ns, record.call_end_ns))
+            if record.op not in schema.P2P_OPS:
+                self._digests.add(record.group.gid, record.seq, record.op, record.bytes,
+                                  readable(record.dtype) if record.dtype is not None else "")
+                if record.device:
+                    self._py_ops.append(PyOp(record.group.gid, record.seq, record.op, record.start_ns,
+                                             record.call_end_ns))
             if ratio >= 1.0 or keep_op(record, self.job_id, ratio, slow):
                 spans.append(op_span(record, self.job_id, self.rank))
             else:
@@ -400,6 +406,7 @@ class Runtime:
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
         attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
+        attributes.update(self._digests.heartbeat_attributes())
         if final_reason or (not inflight and idle_s >= self.config.stack_after_s) or \
                 self._waiting_elsewhere(inflight, now):
             stack = main_thread_stack(self.config.stack_depth)

@@ -11,6 +11,7 @@ Also here: the pure helpers that make identities deterministic across ranks
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -101,6 +102,10 @@ COLLECTIVE_OPS: Final = (
     OP_GATHER, OP_SCATTER, OP_ALL_TO_ALL, OP_BARRIER,
 )
 P2P_OPS: Final = (OP_SEND, OP_RECV)
+# ops whose members must pass buffers of equal size (others: uneven splits, root-only buffers)
+EQUAL_BYTES_OPS: Final = frozenset({OP_ALL_REDUCE, OP_BROADCAST, OP_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER})
+DIGEST_BLOCK: Final = 16
+DIGEST_REPEATS: Final = 3
 
 SOURCE_PYTHON: Final = "python"  # a wrapped torch.distributed / functional-collective call
 SOURCE_FLIGHT_RECORDER: Final = "flight_recorder"  # seen only in PyTorch's Flight Recorder (e.g. DDP reducer)
@@ -134,6 +139,14 @@ ATTR_HB_STEP: Final = "mycroft.hb.step"  # optional training step reported by th
 # completed so far: per interval, how much a rank computed vs waited, on its own clock
 ATTR_HB_COMM_S: Final = "mycroft.hb.comm_s"  # cumulative seconds with an op in flight since init
 ATTR_HB_OPS_DONE: Final = "mycroft.hb.ops_done"  # ops completed since init
+# signature digests: per block of DIGEST_BLOCK consecutive collective seqs of a group, the sum
+# (mod 2**32) of signature_hash() over the block's ops, once every op of the block completed.
+# Members of a group must agree; one that differs issued a different op / size / dtype in it
+# (a silent mismatch: float32 vs int32 of equal size completes with garbage). Parallel arrays;
+# a closed block is sent in DIGEST_REPEATS heartbeats (a lost heartbeat does not lose it).
+ATTR_HB_DIGEST_GROUP_IDS: Final = "mycroft.hb.digest.group_ids"  # group of each closed block
+ATTR_HB_DIGEST_BLOCKS: Final = "mycroft.hb.digest.blocks"  # block number: seqs block*B+1 .. (block+1)*B
+ATTR_HB_DIGEST_VALUES: Final = "mycroft.hb.digest.values"  # sum of signature_hash() over the block, mod 2**32
 
 ATTR_HB_GROUP_IDS: Final = "mycroft.hb.group.ids"
 ATTR_HB_GROUP_NAMES: Final = "mycroft.hb.group.names"
@@ -275,6 +288,17 @@ def collective_trace_id(job_id: str, group: str, seq: int) -> int:
 def p2p_trace_id(job_id: str, group: str, src: int, dst: int, pair_seq: int) -> int:
     """Trace id shared by the send and the matching recv (the pair's own sequence)."""
     return int.from_bytes(_digest("p2p", job_id, group, src, dst, pair_seq), "big") or 1
+
+
+def signature_hash(seq: int, op: str, nbytes: int, dtype: str) -> int:
+    """What every member of a group must agree on for one collective (see ATTR_HB_DIGEST_*)."""
+    size = nbytes if op in EQUAL_BYTES_OPS else 0
+    return zlib.crc32(f"{seq}:{op}:{size}:{dtype}".encode())
+
+
+def digest_block(seq: int) -> int:
+    """The digest block of a collective seq (seqs start at 1)."""
+    return (seq - 1) // DIGEST_BLOCK
 
 
 def rank_span_id(trace_id: int, rank: int, salt: str = "") -> int:

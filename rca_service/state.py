@@ -125,6 +125,8 @@ class GroupState:
     desc: str = ""  # the group's description (torch group_desc, e.g. "tp0"), from its op spans
     seqs: dict[int, SeqRecord] = field(default_factory=dict)
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    # signature digests per block of seqs: block -> rank -> digest (schema.ATTR_HB_DIGEST_*)
+    digests: dict[int, dict[int, int]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -315,8 +317,36 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank.inflight = [op for op in inflight if not _done(rank, op)] if inflight else inflight
     flow_keys = a.keys() & FLOW_KEYS  # a set operation in C instead of a prefix test per key
     rank.flows = {key: _list(a[key]) for key in flow_keys} if flow_keys else {}
+    digest_gids = a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)
+    if digest_gids:
+        _fold_digests(job, rank, a, _list(digest_gids))
     if flow_keys or rank.flow_history:  # beats without flows count too: old marks age out
         rank.flow_history.append([rank.flows or None, None])  # marks: computed only when a pass needs them
+
+
+DIGEST_BLOCKS_KEPT = 8  # per group
+
+
+def _fold_digests(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]) -> None:
+    """A heartbeat's closed signature-digest blocks, into their groups (members only, bounded)."""
+    blocks, values = _list(a.get(schema.ATTR_HB_DIGEST_BLOCKS)), _list(a.get(schema.ATTR_HB_DIGEST_VALUES))
+    for gid, block, value in zip(gids, blocks, values, strict=False):
+        group = job.groups.get(str(gid))
+        if group is None:
+            continue
+        block, value = _int(block, -1), _int(value, -1)
+        if block < 0 or value < 0:
+            continue
+        seen = group.digests.get(block)
+        if seen is None:
+            if len(group.digests) >= DIGEST_BLOCKS_KEPT:
+                oldest = min(group.digests)
+                if block < oldest:
+                    continue
+                del group.digests[oldest]
+            seen = group.digests[block] = {}
+        if len(seen) < len(group.ranks) or rank.rank in seen:  # at most one digest per member
+            seen[rank.rank] = value
 
 
 def _seq_at(values: list[Any], i: int, default: int = 0) -> int:

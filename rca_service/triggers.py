@@ -22,9 +22,7 @@ LOST = "lost"  # silent without a goodbye
 EXITED = "exited"  # final heartbeat seen
 UNSEEN = "unseen"  # member of a group that never reported
 
-# ops whose members must pass buffers of equal size
-_EQUAL_BYTES_OPS = {schema.OP_ALL_REDUCE, schema.OP_BROADCAST, schema.OP_REDUCE, schema.OP_ALL_GATHER,
-                    schema.OP_REDUCE_SCATTER}
+_EQUAL_BYTES_OPS = schema.EQUAL_BYTES_OPS  # ops whose members must pass buffers of equal size
 
 
 def lost_after(rank: RankState, cfg: AnalysisConfig) -> float:
@@ -146,6 +144,31 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
             novel = _novel_failure(group, seq)
             if novel is not None:
                 found.append(novel)
+    return found
+
+
+def find_digest_mismatches(job: JobState, recent_blocks: int = 4) -> list[Mismatch]:
+    """Blocks of seqs whose signature digests (heartbeats) differ between members of a group.
+
+    What op spans would show when they are sampled away: the minority of the members that
+    reported the block diverged; without a strict majority (two members, or a tie so far)
+    nothing is said. `seq` is the block's first seq; the signatures themselves are unknown.
+    """
+    found: list[Mismatch] = []
+    unknown: Sig = ("", 0, "")
+    for group in job.groups.values():
+        if not group.digests:
+            continue
+        for block in sorted(group.digests)[-recent_blocks:]:
+            values = group.digests[block]
+            if len(values) < 3 or len(set(values.values())) == 1:
+                continue
+            usual, agree = Counter(values.values()).most_common(1)[0]
+            if 2 * agree <= len(values):
+                continue
+            minority = {r: unknown for r, v in values.items() if v != usual}
+            found.append(Mismatch(group.group_id, block * schema.DIGEST_BLOCK + 1, minority, unknown,
+                                  "signature", basis="digest"))
     return found
 
 

@@ -12,6 +12,8 @@ import importlib
 import math
 from typing import Any
 
+from mycroft import schema
+
 from . import graph as wfg
 from . import graph_view
 from . import pauses as pauses_mod
@@ -44,6 +46,8 @@ from .triggers import (
     EXITED,
     LOST,
     UNSEEN,
+    Mismatch,
+    find_digest_mismatches,
     find_mismatches,
     find_slowdowns,
     hang_threshold,
@@ -294,8 +298,18 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float,
         "phase": top.phase, "budget_s": round(top.budget_s, 3), "age_s": round(top.age_s, 3), "why": top.why}
 
 
+def _digest_text(job: JobState, mm: Mismatch, rank: int, name: str) -> str:
+    group = job.groups[mm.group_id]
+    values = group.digests.get(schema.digest_block(mm.seq), {})
+    agree = len(values) - len(mm.minority)
+    return (f"rank {rank}'s collectives in group {name} seqs {mm.seq}-{mm.seq + schema.DIGEST_BLOCK - 1} "
+            f"differ from its peers' ({agree} of {len(values)} members agree on another op / size / dtype "
+            f"signature digest): a mismatch that completed, e.g. equal sizes of different dtypes, "
+            f"which computes wrong results without an error")
+
+
 def _mismatch_finding(job: JobState, status: dict[int, str]) -> Finding | None:
-    found = find_mismatches(job)
+    found = find_mismatches(job) or find_digest_mismatches(job)
     if not found:
         return None
     causes: list[RootCause] = []
@@ -307,6 +321,12 @@ def _mismatch_finding(job: JobState, status: dict[int, str]) -> Finding | None:
                   and (rec is None or m not in rec.sigs)]
         peers = {m: status.get(m, UNSEEN) for m in silent[:16]}
         for rank, sig in mm.minority.items():
+            if mm.basis == "digest":
+                causes.append(RootCause(rank, RC_MISMATCH, {
+                    "text": _digest_text(job, mm, rank, name), "group_id": mm.group_id, "seq": mm.seq,
+                    "seqs": [mm.seq, mm.seq + schema.DIGEST_BLOCK - 1], "field": mm.field,
+                    "compared_with": mm.basis}))
+                continue
             where = "where the others issued" if mm.basis == "members" else "where this group always issued"
             text = (f"rank {rank} issued {sig[0]} ({sig[1]} bytes{', ' + sig[2] if sig[2] else ''}) "
                     f"at group {name} seq {mm.seq} {where} {mm.majority[0]} "

@@ -4,7 +4,9 @@
 
 Driven by environment variables (the harness sets them):
   MYCROFT_FAULT        none | block | sigkill | sigstop | straggler | mismatch | mismatch_size |
-                       mismatch_dtype | deadlock | chain
+                       mismatch_dtype | mismatch_silent | deadlock | chain
+                       (mismatch_silent: one all_reduce in int32 where the others reduce float32:
+                       equal sizes, so it completes, with wrong results and no error)
   MYCROFT_FAULT_RANK   global rank that misbehaves
   MYCROFT_FAULT_STEP   step at which it starts (1-based)
   MYCROFT_FAULT_STEPS  steps to run (a hung job never gets there)
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 FAULTS = ("none", "block", "sigkill", "sigstop", "straggler", "mismatch", "mismatch_size", "mismatch_dtype",
-          "deadlock", "chain", "external")
+          "mismatch_silent", "deadlock", "chain", "external")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -131,6 +133,9 @@ def main() -> int:
         elif here and fault == "mismatch_dtype":
             _write_onset(onset_file, fault, rank, step)
             dist.all_reduce(grad.double())  # the others reduce float32
+        elif here and fault == "mismatch_silent":
+            _write_onset(onset_file, fault, rank, step)
+            dist.all_reduce(grad.to(torch.int32))  # 4 bytes per element, like the others' float32
         else:
             dist.all_reduce(grad)
     dist.barrier()

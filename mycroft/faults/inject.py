@@ -49,7 +49,8 @@ MATRIX_3D = ("block", "chain", "sigkill", "sigstop", "straggler", "mismatch_dtyp
              "deadlock")
 HEALTHY_3D = ("checkpoint", "eval", "jitter", "slow_rank")
 PROCESS_FAULTS = ("block", "sigkill", "sigstop")
-MIN_NPROC = {"chain": 4, "mismatch": 3, "mismatch_size": 3, "mismatch_dtype": 3, "mismatch_op": 3}
+MIN_NPROC = {"chain": 4, "mismatch": 3, "mismatch_size": 3, "mismatch_dtype": 3, "mismatch_op": 3,
+             "mismatch_silent": 3}
 NET_FAULTS = ("linkdown", "throttle")  # mycroft/faults/netfault.py: namespaces, ip link, tc
 WORLD = "world"
 PAGING_KINDS = frozenset({"hang", "crash", "deadlock", "mismatch"})  # what a fault's verdict should page for

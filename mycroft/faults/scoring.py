@@ -30,6 +30,7 @@ EXPECTED: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "mismatch_op": (frozenset({"mismatch"}), frozenset({"mismatch"})),
     "mismatch_size": (frozenset({"mismatch", "crash"}), frozenset({"mismatch"})),
     "mismatch_dtype": (frozenset({"mismatch", "crash"}), frozenset({"mismatch"})),
+    "mismatch_silent": (frozenset({"mismatch"}), frozenset({"mismatch"})),  # completes: no crash to blame
     "deadlock": (frozenset({"deadlock"}), frozenset({"deadlock"})),
     "linkdown": (frozenset({"hang", "crash"}), frozenset({"process_lost", "link"})),
     "throttle": (frozenset({"slowdown"}), frozenset({"communication", "straggler"})),

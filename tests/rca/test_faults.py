@@ -48,3 +48,15 @@ def test_healthy_run_raises_nothing(rca: Any) -> None:
     result = run_one(rca, "none", nproc=4, healthy_steps=60)
     assert result.correct, result.note
     assert result.false_alarms == 0
+
+
+def test_a_mismatch_that_completes_is_found_from_heartbeat_digests_when_op_spans_are_sampled_away(rca: Any) -> None:
+    """int32 where the others reduce float32: equal sizes, no error, wrong results. With no op
+    span sent (MYCROFT_OP_SPAN_SAMPLE=0) only the heartbeats' signature digests can show it."""
+    result = run_one(rca, "mismatch_silent", nproc=4, rng=random.Random(), timeout_s=20,
+                     env={"MYCROFT_OP_SPAN_SAMPLE": "0"})
+    assert result.correct, (result.note, result.incident)
+    assert result.false_alarms == 0
+    assert result.detection_s is not None and result.detection_s <= 5.0
+    top = result.incident["root_causes"][0] if result.incident else {}
+    assert top["evidence"]["compared_with"] == "digest" and "without an error" in top["evidence"]["text"]

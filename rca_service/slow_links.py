@@ -9,7 +9,8 @@ per-flow counters, flow_state.py):
 * send flow, transmitted - done: posted to the network, completion not seen: the
   sender's NIC / the wire drains slowly (NIC bandwidth limit, background traffic);
 * receive flow, transmitted - done: arrived, not yet consumed / flushed to the GPU: the
-  receiver's PCIe / GPU side (PCIe downgrade);
+  receiver's PCIe / GPU side (PCIe downgrade; when its sends lag too, the GPU<->NIC path
+  both ways: PCIe rather than the NIC);
 * nothing pending on any of the rank's flows, yet none moved for long: its proxy posts
   late (a victim always has something pending: receive buffers posted, waiting for data).
 
@@ -37,7 +38,7 @@ _LOCUS_TEXT = {
     LOCUS_NETWORK: "its sends sit posted to the network, not completed (transmitted - done): its NIC or the "
                    "link drains slowly",
     LOCUS_PCIE: "what it receives sits arrived but not flushed to its GPU (transmitted - done on its receive "
-                "flows): its PCIe / GPU side is slow",
+                "flows), its sends lag too where they do: its PCIe / GPU side is slow",
     LOCUS_PROXY: "its flows have nothing pending yet do not move: its proxy thread posts steps late",
 }
 
@@ -138,8 +139,12 @@ def find_slow_link(job: JobState, cfg: AnalysisConfig, slowdown: float) -> SlowL
         return None
     beats = cfg.slow_link_beats
     marks = _marks(job, beats)
+    found_at = {locus: _culprit(marks, locus, beats, cfg) for locus in (LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY)}
+    net, pcie = found_at[LOCUS_NETWORK], found_at[LOCUS_PCIE]
+    if net is not None and pcie is not None and net[0] == pcie[0]:
+        found_at[LOCUS_NETWORK] = None  # its sends and its receives both lag: the GPU<->NIC path (PCIe)
     for locus in (LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY):
-        found = _culprit(marks, locus, beats, cfg)
+        found = found_at[locus]
         if found is None:
             continue
         rank, held, typical, peer = found

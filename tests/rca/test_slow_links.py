@@ -82,3 +82,9 @@ def test_heartbeats_without_flows_age_old_marks_out() -> None:
     job = _job([slow] * 3 + [quiet] * 8)  # the history holds 8 beats: the backlog is gone
     assert find_slow_link(job, CFG, slowdown=1.8) is None
     assert flow_mark(0, {}) is None
+
+
+def test_sends_and_receives_lagging_on_one_rank_point_at_its_pcie_not_its_nic() -> None:
+    slow = {3: [(True, 8, 8, 7, 4, 0.03), (False, 8, 8, 7, 4, 0.03)]}
+    found = find_slow_link(_job([slow] * 3), CFG, slowdown=1.6)
+    assert found is not None and (found.rank, found.locus) == (3, LOCUS_PCIE)

@@ -53,14 +53,14 @@ def measure(n: int) -> dict[str, float]:
         records = decode_protobuf(payload, cache)
         engine.ingest(records, now + 0.01)
         if tag:
-            again = iter(range(1, 10))
+            later = iter([now + 0.01 + 0.001 * i for i in range(1, 10)])
             out[f"fold_us_{tag}"] = 1e6 * _best(
-                lambda r=records: engine.ingest(r, now + 0.01 + 0.001 * next(again))) / n
+                lambda r=records, at=later: engine.ingest(r, next(at))) / n
         t = time.process_time()
         engine.step(now + 0.5)
         if tag:
             out[f"pass_s_{tag}"] = time.process_time() - t
-            out[f"pass2_s_{tag}"] = _best(lambda: engine.step(now + 0.6), 2)  # nothing new since the last pass
+            out[f"pass2_s_{tag}"] = _best(lambda at=now + 0.6: engine.step(at), 2)  # nothing new since the last pass
     out["verdict_right"] = float(any(i.kind == "hang" and i.root_causes and i.root_causes[0].get("rank") == n // 2 + 3
                                      for i in engine.tracker.active.values()))
     return out

@@ -44,6 +44,7 @@ class ServiceOptions:
     forward: str | None = None
     external_url: str = ""
     tick_s: float = 0.2
+    max_analysis_share: float = 0.2  # of one core: a pass that took t waits max(tick_s, t * (1 / share - 1))
     max_queued_spans: int = 500_000
     max_queued_heartbeats: int = 100_000  # ~6 s of a 16k-rank job; they never wait behind op spans
     alertmanager_refresh_s: float = 60.0
@@ -64,6 +65,14 @@ SERVE_GC_THRESHOLDS = (50_000, 20, 20)
 def tune_gc() -> None:
     """For `mycroft rca serve` (process-wide, so the CLI calls it, not the service object)."""
     gc.set_threshold(*SERVE_GC_THRESHOLDS)
+
+
+def pass_wait(took_s: float, tick_s: float, share: float) -> float:
+    """The pause before the next analysis pass: the tick, stretched so that passes take at most
+    `share` of a core (a 16k-rank pass is ~0.05-0.15 s; ingest must keep the rest)."""
+    if share <= 0 or share >= 1:
+        return tick_s
+    return max(tick_s, took_s * (1.0 / share - 1.0))
 
 
 class RcaService:
@@ -190,12 +199,15 @@ class RcaService:
             self.alerter.refresh([i for i in self.engine.tracker.active.values() if i.alerted], now)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.options.tick_s):
+        wait = self.options.tick_s
+        while not self._stop.wait(wait):
+            started = time.perf_counter()
             try:
                 self.analyze_now()
             except Exception:
                 log.exception("analysis pass failed")
                 self.metrics.inc("mycroft_rca_analysis_errors_total")
+            wait = pass_wait(time.perf_counter() - started, self.options.tick_s, self.options.max_analysis_share)
 
     # ------------------------------------------------------------------ API backend
     def list_incidents(self, limit: int, job: str | None, status: str | None,

@@ -74,7 +74,23 @@ def _intervals(samples: list[tuple[float, float, int]]) -> list[float]:
 
 
 def work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow | None:
-    """The last `beats` intervals, and the baseline before them where there is one (nan otherwise)."""
+    """The last `beats` intervals, and the baseline before them where there is one (nan otherwise).
+
+    Memoized on the rank (rank.windows): its samples change only when a heartbeat adds one
+    (strictly newer, so length and last sample say "unchanged"); a 16k-rank pass otherwise
+    recomputes 16k windows that did not move since the last pass.
+    """
+    work = rank.work
+    key = (len(work), work[-1] if work else None)
+    found = rank.windows.get(beats)
+    if found is not None and found[0] is cfg and found[1] == key:
+        return found[2]
+    window = _work_window(rank, cfg, beats)
+    rank.windows[beats] = (cfg, key, window)
+    return window
+
+
+def _work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow | None:
     samples = [s for s in rank.work if s[2] > 0] or list(rank.work)[-1:]  # from the first op on
     if len(samples) < beats + 1:
         return None
@@ -96,14 +112,20 @@ def peer_groups(job: JobState) -> dict[int, list[frozenset[int]]]:
     mixes pipeline stages; TP and DP groups do not. Kept as groups, not as per-rank peer
     sets: at 16k ranks a DP group has 2k members, and a set per rank would be 33M entries.
     """
-    # groups that ran collectives (pipeline p2p groups span stages: their members do different work)
-    groups = {frozenset(g.ranks) for g in job.groups.values() if len(g.ranks) >= 2 and g.seqs}
+    # groups that ran collectives (pipeline p2p groups span stages: their members do different work);
+    # that set only grows (members are set once, seq windows never empty): memoized on its size
+    ran = [g for g in job.groups.values() if len(g.ranks) >= 2 and g.seqs]
+    found = job.memo.get("peer_groups")
+    if found is not None and found[0] == len(ran):
+        return found[1]
+    groups = {frozenset(g.ranks) for g in ran}
     by_size = sorted(groups, key=len)
     minimal = [g for i, g in enumerate(by_size) if not any(o < g for o in by_size[:i])]
     out: dict[int, list[frozenset[int]]] = defaultdict(list)
     for members in minimal:
         for r in members:
             out[r].append(members)
+    job.memo["peer_groups"] = (len(ran), out)
     return out
 
 

@@ -86,6 +86,7 @@ class RankState:
     hb_table: tuple[Any, Any, Any] | None = None
     hb_admitted: list[tuple[int, str]] = field(default_factory=list)
     resource: Any = None  # the last record's resource dict (shared by the decoder: identity = unchanged)
+    windows: dict[int, Any] = field(default_factory=dict)  # slowness.work_window's memo, by window length
 
     def idle_at(self, now: float) -> float:
         if self.inflight:
@@ -115,6 +116,8 @@ class SeqRecord:
     starts: dict[int, float] = field(default_factory=dict)
     ends: dict[int, float] = field(default_factory=dict)
     states: dict[int, str] = field(default_factory=dict)
+    version: int = 0  # bumped by the fold on every change of sigs / states
+    clean: tuple[int, int, int] | None = None  # (version, sigs, states) when find_mismatches found it clean
 
 
 @dataclass(slots=True)
@@ -149,6 +152,7 @@ class JobState:
     hb_interval: float = 1.0  # the interval the job's ranks last reported (for ranks not heard from yet)
     pauses: dict[tuple[int, str], LearnedPause] = field(default_factory=dict)  # pauses it resumed from
     run_id: str = ""  # the launch (mycroft.run.id) this state belongs to; "" when the ranks send none
+    memo: dict[str, Any] = field(default_factory=dict)  # the analysis' memos of slow-changing derived state
 
     def max_interval(self) -> float:
         return max((r.hb_interval for r in self.ranks.values()), default=1.0)
@@ -385,7 +389,10 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
             group = groups.get(gid)
             if group is not None:
                 dtype = str(dtypes[i]) if i < len(dtypes) else ""
-                _seq_record(group, op.seq, cfg).sigs.setdefault(rank.rank, (op.op, op.bytes, dtype))
+                rec = _seq_record(group, op.seq, cfg)
+                if rank.rank not in rec.sigs:
+                    rec.sigs[rank.rank] = (op.op, op.bytes, dtype)
+                    rec.version += 1
     return inflight
 
 
@@ -438,6 +445,7 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
         group.desc = str(a.get(schema.ATTR_GROUP_DESC, ""))[:64]
     _advance(rank.issued, gid, seq)
     rec = _seq_record(group, seq, cfg)
+    rec.version += 1
     rec.sigs[rank.rank] = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))
     rec.starts[rank.rank] = record.start_ns / 1e9
     rec.states[rank.rank] = state

@@ -135,6 +135,9 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
         for seq in newest:
             rec = group.seqs[seq]
             sigs = rec.sigs
+            mark = (rec.version, len(sigs), len(rec.states))
+            if rec.clean == mark:
+                continue  # found agreeing and without failures, and unchanged since (16k sigs per world seq)
             first = next(iter(sigs.values()), None)
             if first is None:
                 continue
@@ -144,6 +147,8 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
             novel = _novel_failure(group, seq)
             if novel is not None:
                 found.append(novel)
+            elif not any(st in (schema.STATE_ERROR, schema.STATE_TIMEOUT) for st in rec.states.values()):
+                rec.clean = mark  # a pure function of this record: stays clean until it changes
     return found
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import time
 from typing import Any
 
 from mycroft import schema
@@ -469,6 +470,23 @@ def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
     return finding
 
 
+SLOWNESS_COSTLY_S = 0.02  # a slowness search slower than this is re-run at most once per heartbeat interval
+
+
+def _slowdown_bounded(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:
+    """_slowdown_finding, bounded: its search is O(ranks) (16k ranks: ~0.1 s) and its inputs are
+    per-interval samples, so where it is costly the last result stands until an interval passed
+    or every rank could have sent a heartbeat since; a cheap one (small jobs) always runs."""
+    memo = job.memo.get("slowdown")
+    if memo is not None and memo[2] > SLOWNESS_COSTLY_S and 0.0 <= now - memo[0] < job.hb_interval \
+            and job.heartbeats - memo[3] < len(job.ranks) and job.spans - memo[4] < len(job.ranks):
+        return memo[1]
+    started = time.perf_counter()
+    found = _slowdown_finding(job, cfg)
+    job.memo["slowdown"] = (now, found, time.perf_counter() - started, job.heartbeats, job.spans)
+    return found
+
+
 def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
     """State in, findings out: the primary finding first (empty when the job is healthy)."""
     status = statuses(job, now, cfg)
@@ -486,7 +504,7 @@ def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]
         return [crash]
     alive = [r for r, s in status.items() if s == ALIVE]
     if alive:
-        slow = _slowdown_finding(job, cfg)
+        slow = _slowdown_bounded(job, now, cfg)
         if slow is not None:
             return [slow]
     return []

@@ -1,0 +1,115 @@
+"""The ingest fast path and the bounded analysis give the verdicts of the plain path.
+
+The receivers decode with a DecodeCache (values shared between records decoded from the
+same bytes); the fold then skips what did not change (same objects), and the analysis
+memoizes what did not change since the last pass. These tests run scenarios both ways —
+records folded as built, and records that went over the wire through a DecodeCache — and
+check the memos against changes that must invalidate them.
+"""
+
+from __future__ import annotations
+
+from mycroft.rca_service import slowness
+from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.engine import Engine
+from mycroft.rca_service.service import pass_wait
+from mycroft.rca_service.triggers import find_mismatches
+
+from mycroft import schema
+from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat
+from mycroft.otlp import DecodeCache, SpanRecord, request_from_records
+
+
+class WireEngine(Engine):
+    """An Engine fed like the live service: every batch serialized and decoded with one DecodeCache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = DecodeCache()
+
+    def ingest(self, records, received_at, **kwargs):  # type: ignore[no-untyped-def,override]
+        wire = self.cache.decode(request_from_records(list(records)).SerializeToString())
+        return super().ingest(wire, received_at, **kwargs)
+
+
+def _scenario(engine: Engine, kind: str) -> list[tuple[str, list[tuple[object, object]]]]:
+    job = StepJob("job", 4)
+    for _ in range(20):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(4), stack=""), job.now)
+        engine.step(job.now)
+    t = job.now
+    for k in range(8):
+        at = t + 0.5 * k
+        if kind == "hang":
+            engine.ingest(job.heartbeats(at, not_entered=[2]), at)
+        elif kind == "lost":
+            engine.ingest(job.heartbeats(at, not_entered=[1], silent=[1]), at)
+        elif kind == "mismatch" and k == 1:
+            nxt = job.seq + 1
+            engine.ingest([heartbeat("job", r, 4, at, 900 + k, [job.group], [nxt], [job.seq],
+                                     [InFlightOp(job.group, nxt, op=schema.OP_BROADCAST if r == 3 else
+                                                 schema.OP_ALL_REDUCE, age_s=0.05)]) for r in range(4)], at)
+        engine.step(at)
+    return sorted((i.kind, [(c.get("kind"), c.get("rank")) for c in i.root_causes])
+                  for i in engine.tracker.active.values())
+
+
+def test_wire_path_reaches_the_plain_paths_verdicts() -> None:
+    for kind, expected in (("hang", ("hang", 2)), ("lost", ("hang", 1)), ("mismatch", ("mismatch", 3))):
+        plain, wire = _scenario(Engine(), kind), _scenario(WireEngine(), kind)
+        assert plain == wire, kind
+        assert plain and plain[0][0] == expected[0] and plain[0][1][0][1] == expected[1], (kind, plain)
+
+
+def test_a_changed_group_table_after_identical_ones_is_folded() -> None:
+    engine = WireEngine()
+    tp, world = Group("tp0", (0, 1)), Group("world", (0, 1, 2, 3))
+    for counter in (1, 2):  # the same table twice: the second is skipped as unchanged
+        engine.ingest([heartbeat("job", 0, 4, 10.0 + counter, counter, [tp], [5], [5])], 10.0 + counter)
+    engine.ingest([heartbeat("job", 0, 4, 13.0, 3, [tp, world], [6, 7], [6, 7])], 13.0)
+    state = engine.jobs["job"]
+    assert set(state.groups) == {tp.id, world.id}
+    assert state.groups[world.id].ranks == (0, 1, 2, 3)
+    assert state.ranks[0].completed == {tp.id: 6, world.id: 7}
+
+
+def test_a_clean_seq_that_changes_is_checked_again() -> None:
+    engine = Engine()
+    group = Group("g", (0, 1, 2))
+    engine.ingest([collective("job", r, 3, group, 1, 1.0, 1.1) for r in range(2)], 1.2)
+    state = engine.jobs["job"]
+    assert find_mismatches(state) == [] and state.groups[group.id].seqs[1].clean is not None
+    assert find_mismatches(state) == []  # memoized
+    engine.ingest([collective("job", 2, 3, group, 1, 1.0, 1.1, nbytes=999)], 1.3)
+    found = find_mismatches(state)
+    assert [sorted(m.minority) for m in found] == [[2]] and found[0].field == "bytes"
+
+
+def test_work_windows_are_reused_until_a_heartbeat_adds_a_sample() -> None:
+    cfg = AnalysisConfig()
+    engine = Engine(cfg)
+    job = StepJob("job", 2)
+    records: list[SpanRecord] = []
+    for k in range(cfg.imbalance_beats + 4):
+        records = job.heartbeats(job.now + k, not_entered=range(2), stack="")
+        for i, r in enumerate(records):
+            r.attributes[schema.ATTR_HB_COMM_S] = 0.3 * k + 0.01 * i
+            r.attributes[schema.ATTR_HB_OPS_DONE] = 10 * (k + 1)
+        engine.ingest(records, job.now + k)
+    rank = engine.jobs["job"].ranks[0]
+    first = slowness.work_window(rank, cfg, cfg.slow_recent_beats)
+    assert first is not None and slowness.work_window(rank, cfg, cfg.slow_recent_beats) is first
+    later = job.now + 100
+    records[0].end_ns = int(later * 1e9)
+    records[0].attributes[schema.ATTR_HB_COMM_S] = 0.3 * 12 + 90.0  # a much busier interval
+    records[0].attributes[schema.ATTR_HB_OPS_DONE] = 10_000
+    engine.ingest(records[:1], later)
+    again = slowness.work_window(rank, cfg, cfg.slow_recent_beats)
+    assert again is not None and again.recent_span[1] == later and again.recent < first.recent
+
+
+def test_analysis_passes_are_spaced_to_their_share_of_a_core() -> None:
+    assert pass_wait(0.01, 0.2, 0.2) == 0.2  # cheap passes: every tick
+    assert abs(pass_wait(0.15, 0.2, 0.2) - 0.6) < 1e-9  # a 0.15 s pass: 20% of a core
+    assert pass_wait(0.5, 0.2, 0.0) == 0.2  # no bound

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 
 ROWS = {  # name -> (ranks, ops per rank per second, share of op spans sent)
     "1k-hb": (1024, 10, 0.0), "1k-10all": (1024, 10, 1.0), "1k-50all": (1024, 50, 1.0),
-    "1k-50diet": (1024, 50, 0.01),
-    "4k-hb": (4096, 10, 0.0), "4k-10all": (4096, 10, 1.0), "4k-50diet": (4096, 50, 0.01),
-    "16k-hb": (16384, 10, 0.0), "16k-50diet": (16384, 50, 0.01),
+    "1k-10diet": (1024, 10, 0.01), "1k-50diet": (1024, 50, 0.01),
+    "4k-hb": (4096, 10, 0.0), "4k-10all": (4096, 10, 1.0), "4k-10diet": (4096, 10, 0.01),
+    "4k-50diet": (4096, 50, 0.01),
+    "16k-hb": (16384, 10, 0.0), "16k-10diet": (16384, 10, 0.01), "16k-50diet": (16384, 50, 0.01),
 }
+DEFAULT_ROWS = "1k-hb,1k-10diet,1k-50diet,4k-hb,4k-10diet,4k-50diet,16k-hb,16k-10diet,16k-50diet"
 
 
 def _run(ranks: int, ops: int, keep: float, python: str | None, seconds: float) -> dict[str, object]:
@@ -44,31 +48,49 @@ def _cell(r: dict[str, object], key: str, fmt: str = "{}") -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: " + ", ".join(ROWS))
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help="comma-separated: " + ", ".join(ROWS))
+    parser.add_argument("--runs", type=int, default=1, help="runs per row (a p90 needs several)")
     parser.add_argument("--baseline-python", help="run each row against this interpreter's service first")
     parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
     table = []
     for name in args.rows.split(","):
         ranks, ops, keep = ROWS[name]
-        for label, python in ([("before", args.baseline_python)] if args.baseline_python else []) + [("after", None)]:
-            result = _run(ranks, ops, keep, python, args.seconds)
-            result["row"], result["build"] = name, label
-            print(json.dumps(result), flush=True)
-            table.append(result)
+        for _ in range(args.runs):
+            for label, python in ([("before", args.baseline_python)] if args.baseline_python else []) + \
+                    [("after", None)]:
+                load = os.getloadavg()[0]
+                result = _run(ranks, ops, keep, python, args.seconds)
+                result["row"], result["build"] = name, label
+                result["load_avg"] = f"{load:.1f}-{os.getloadavg()[0]:.1f}"
+                print(json.dumps(result), flush=True)
+                table.append(result)
     print()
-    print("| row | build | applied / offered spans/s | hb lost | shed | service CPU | RSS MB | pass p50 / max s "
-          "| verdict | detected s | false before T0 | hb B/rank/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| row | build | load avg | applied / offered spans/s | hb lost | shed | service CPU | RSS MB "
+          "| pass p50 / max s | verdict | detected s | false before T0 | hb B/rank/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         verdict = "error" if "error" in r else (
             f"{r.get('verdict')} {'right' if r.get('right') else 'WRONG'} {r.get('verdict_root_causes')}"
             if r.get("verdict") else "none")
-        print(f"| {r['row']} | {r['build']} | {_cell(r, 'applied_spans_s')} / {_cell(r, 'offered_spans_s')} "
+        print(f"| {r['row']} | {r['build']} | {r.get('load_avg')} "
+              f"| {_cell(r, 'applied_spans_s')} / {_cell(r, 'offered_spans_s')} "
               f"| {_cell(r, 'heartbeats_lost')} | {_cell(r, 'dropped_spans')} | {_cell(r, 'service_cpu_pct', '{}%')} "
               f"| {_cell(r, 'service_rss_mb')} | {_cell(r, 'analysis_s_p50')} / {_cell(r, 'analysis_s_max')} "
               f"| {verdict} | {_cell(r, 'detected_s')} | {_cell(r, 'false_incidents_before_fault')} "
               f"| {_cell(r, 'heartbeat_bytes_per_rank_s')} |")
+    print()
+    for name in dict.fromkeys(str(r["row"]) for r in table):  # detection p50 / p90 per row and build
+        for label in ("before", "after"):
+            runs = [r for r in table if r["row"] == name and r["build"] == label]
+            if not runs:
+                continue
+            right = sum(bool(r.get("right")) for r in runs)
+            detected = sorted(float(r["detected_s"]) for r in runs  # type: ignore[arg-type]
+                              if r.get("right") and r.get("detected_s") is not None)
+            p90 = detected[min(len(detected) - 1, int(0.9 * len(detected)))] if detected else None
+            print(f"{name} {label}: {right}/{len(runs)} right, detection p50 "
+                  f"{statistics.median(detected) if detected else None} s, p90 {p90} s (nearest rank)")
     return 0
 
 

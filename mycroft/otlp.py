@@ -146,23 +146,25 @@ class DecodeCache:
         self.misses = 0
 
     def kv_bytes(self, raws: Iterable[bytes]) -> dict[str, AttrValue]:
-        """Serialized KeyValues -> attributes; bytes seen before cost a lookup."""
+        """Serialized KeyValues -> attributes; bytes seen before cost a lookup. (A loop here
+        measured faster than map / compress / dict(): the cost is upb making the bytes.)"""
         out: dict[str, AttrValue] = {}
         values = self.values
         for raw in raws:
             hit = values.get(raw)
-            if hit is not None:
-                out[hit[0]] = hit[1]
-                continue
-            key, value = _kv_from_bytes(raw)
+            key, value = hit if hit is not None else self._miss(raw)
             out[key] = value
-            self.misses += 1
-            if key not in VOLATILE_KEYS and not isinstance(value, float) and not (
-                    isinstance(value, list) and value and isinstance(value[0], float)):
-                if len(values) >= self.max_entries:
-                    values.clear()
-                values[raw] = (key, value)
         return out
+
+    def _miss(self, raw: bytes) -> tuple[str, AttrValue]:
+        key, value = _kv_from_bytes(raw)
+        self.misses += 1
+        if key not in VOLATILE_KEYS and not isinstance(value, float) and not (
+                isinstance(value, list) and value and isinstance(value[0], float)):
+            if len(self.values) >= self.max_entries:
+                self.values.clear()
+            self.values[raw] = (key, value)
+        return key, value
 
     def attrs(self, kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
         """Like _attrs, from parsed KeyValues (one serialization each, then kv_bytes)."""

@@ -95,6 +95,18 @@ def _peer_bad(value: Any, limit: int) -> bool:
     return peer >= limit or peer < -1
 
 
+def _oversized_heartbeat(a: dict[str, Any], cfg: AnalysisConfig) -> str | None:
+    for key in _HB_GROUP_ARRAYS:
+        value = a.get(key)
+        if isinstance(value, list) and len(value) > cfg.max_groups_per_job:
+            return REJECT_OVERSIZED
+    for key in _HB_INFLIGHT_ARRAYS:
+        value = a.get(key)
+        if isinstance(value, list) and len(value) > MAX_INFLIGHT_OPS:
+            return REJECT_OVERSIZED
+    return None
+
+
 def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | None:
     """Why this record (of `rank`) must not enter the state, or None."""
     world = world_of(record)
@@ -106,14 +118,12 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | N
     a = record.attributes
     kind = record.kind
     if kind == schema.KIND_HEARTBEAT:
-        for key in _HB_GROUP_ARRAYS:
-            value = a.get(key)
-            if isinstance(value, list) and len(value) > cfg.max_groups_per_job:
-                return REJECT_OVERSIZED
-        for key in _HB_INFLIGHT_ARRAYS:
-            value = a.get(key)
-            if isinstance(value, list) and len(value) > MAX_INFLIGHT_OPS:
-                return REJECT_OVERSIZED
+        # one pass over the values: when no array is longer than the smaller cap, none is oversized
+        cap = min(cfg.max_groups_per_job, MAX_INFLIGHT_OPS)
+        if any(len(v) > cap for v in a.values() if type(v) is list):
+            oversized = _oversized_heartbeat(a, cfg)
+            if oversized:
+                return oversized
         members = a.get(schema.ATTR_HB_GROUP_RANKS)
         if isinstance(members, list) and _bad_member_lists(members, limit, cfg):
             return REJECT_BAD_GROUP_RANKS

@@ -44,7 +44,7 @@ class ServiceOptions:
     forward: str | None = None
     external_url: str = ""
     tick_s: float = 0.2
-    max_analysis_share: float = 0.2  # of one core: a pass that took t waits max(tick_s, t * (1 / share - 1))
+    max_analysis_share: float = 0.15  # of one core: passes of t CPU s (smoothed) wait max(tick_s, t * (1/share - 1))
     max_queued_spans: int = 500_000
     max_queued_heartbeats: int = 100_000  # ~6 s of a 16k-rank job; they never wait behind op spans
     alertmanager_refresh_s: float = 60.0
@@ -69,7 +69,8 @@ def tune_gc() -> None:
 
 def pass_wait(took_s: float, tick_s: float, share: float) -> float:
     """The pause before the next analysis pass: the tick, stretched so that passes take at most
-    `share` of a core (a 16k-rank pass is ~0.05-0.15 s; ingest must keep the rest)."""
+    `share` of a core (took_s: the pass's CPU seconds; a 16k-rank pass is ~0.05-0.15 s, and
+    ingest must keep the rest)."""
     if share <= 0 or share >= 1:
         return tick_s
     return max(tick_s, took_s * (1.0 / share - 1.0))
@@ -200,14 +201,16 @@ class RcaService:
 
     def _run(self) -> None:
         wait = self.options.tick_s
+        cost = 0.0  # smoothed CPU seconds per pass: one costly pass (a slowness search) must not stall the next
         while not self._stop.wait(wait):
-            started = time.perf_counter()
+            started = time.thread_time()  # this thread's CPU: a pass's wall time also counts GIL waits
             try:
                 self.analyze_now()
             except Exception:
                 log.exception("analysis pass failed")
                 self.metrics.inc("mycroft_rca_analysis_errors_total")
-            wait = pass_wait(time.perf_counter() - started, self.options.tick_s, self.options.max_analysis_share)
+            cost = 0.7 * cost + 0.3 * (time.thread_time() - started)
+            wait = pass_wait(cost, self.options.tick_s, self.options.max_analysis_share)
 
     # ------------------------------------------------------------------ API backend
     def list_incidents(self, limit: int, job: str | None, status: str | None,

@@ -111,5 +111,5 @@ def test_work_windows_are_reused_until_a_heartbeat_adds_a_sample() -> None:
 
 def test_analysis_passes_are_spaced_to_their_share_of_a_core() -> None:
     assert pass_wait(0.01, 0.2, 0.2) == 0.2  # cheap passes: every tick
-    assert abs(pass_wait(0.15, 0.2, 0.2) - 0.6) < 1e-9  # a 0.15 s pass: 20% of a core
+    assert abs(pass_wait(0.15, 0.2, 0.2) - 0.6) < 1e-9  # a 0.15 s pass held to 20% of a core
     assert pass_wait(0.5, 0.2, 0.0) == 0.2  # no bound

@@ -8,7 +8,7 @@ are shed (counted, reason "shed_for_heartbeats") and its heartbeats still go in;
 when the heartbeat queue is full too does the sink raise OverflowError, which the
 receiver turns into 429 / RESOURCE_EXHAUSTED (OTLP clients retry). Memory stays bounded.
 
-`horizon()` is the receive time of the oldest record not folded yet: the analysis runs
+`horizon()` is the receive time of the oldest heartbeat not folded yet: the analysis runs
 as of then, so a backlog delays verdicts instead of making ranks look silent. Refused
 heartbeats are records not received yet (their exporters retry): from the first refusal
 until REFUSAL_MEMORY_S after the last one, the horizon stays at the first, so a rank whose
@@ -75,9 +75,14 @@ class IngestQueue:
         return self._queued_spans > self._max_spans // 2
 
     def horizon(self) -> float | None:
-        """Receive time of the oldest record still queued (None: everything received is folded)."""
+        """Receive time of the oldest heartbeat still queued (None: every heartbeat received is folded).
+
+        Only heartbeats: silence is judged from them, and op spans wait behind them by design;
+        an op-span backlog holding the horizon back ran every pass seconds in the past (a
+        16k-rank job with 1% op spans: verdicts dated before the fault that caused them).
+        """
         with self._cond:
-            heads = [q[0][1] for q in (self._beats, self._queue) if q]
+            heads = [self._beats[0][1]] if self._beats else []
             if self._refused_last and time.time() - self._refused_last <= REFUSAL_MEMORY_S:
                 heads.append(self._refusing_since)  # heartbeats we turned away are still coming
         return min(heads) if heads else None

@@ -44,7 +44,7 @@ class ServiceOptions:
     forward: str | None = None
     external_url: str = ""
     tick_s: float = 0.2
-    max_analysis_share: float = 0.15  # of one core: passes of t CPU s (smoothed) wait max(tick_s, t * (1/share - 1))
+    max_analysis_share: float = 0.2  # of one core: passes of t CPU s (smoothed) wait max(tick_s, t * (1/share - 1))
     max_queued_spans: int = 500_000
     max_queued_heartbeats: int = 100_000  # ~6 s of a 16k-rank job; they never wait behind op spans
     alertmanager_refresh_s: float = 60.0
@@ -166,7 +166,7 @@ class RcaService:
             self.metrics.inc("mycroft_rca_spans_ignored_total", ignored)
 
     def analyze_now(self, now: float | None = None) -> None:
-        """One pass, as of the oldest record still queued: a backlog defers verdicts (a rank whose
+        """One pass, as of the oldest heartbeat still queued: a backlog defers verdicts (a rank whose
         newer heartbeats wait in the queue is not silent), it cannot fabricate them."""
         now = time.time() if now is None else now
         horizon = self.ingest.horizon()

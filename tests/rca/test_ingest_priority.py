@@ -137,3 +137,18 @@ def test_heartbeats_the_service_refused_hold_the_horizon_until_their_retries_can
             assert any(i.kind == "crash" for i in service.engine.tracker.active.values())
     finally:
         service.stop()
+
+
+def test_an_op_span_backlog_does_not_hold_the_analysis_in_the_past() -> None:
+    """Op spans wait behind heartbeats by design; only queued heartbeats say the service is behind."""
+    from mycroft.rca_service.ingest import IngestQueue
+    from mycroft.rca_service.metrics import Metrics
+
+    queue = IngestQueue(lambda records, at: None, Metrics())  # not started: everything stays queued
+    job = StepJob("lagging", 2)
+    queue.sink(job.steps(3))
+    assert queue.queued == 6 and queue.horizon() is None
+    before = time.time()
+    queue.sink(job.heartbeats(time.time(), not_entered=range(2), stack=""))
+    horizon = queue.horizon()
+    assert horizon is not None and before <= horizon <= time.time()

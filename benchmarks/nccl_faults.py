@@ -52,15 +52,20 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 2)
 
 
+def _said(r: dict[str, Any]) -> str:
+    """What a wrong run said instead: no verdict, or kind:root-cause kind rank."""
+    if not r.get("verdict"):
+        return "no verdict"
+    kind, rank = (r.get("verdict_root_causes") or [[None, None]])[0]
+    return f"{r['verdict']}:{kind} {'(right rank)' if rank == r.get('fault_rank') else f'rank {rank}'}"
+
+
 def _row(world: int, fault: str, runs: list[dict[str, Any]], iteration_s: float) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
     right = [r for r in ok if r.get("right")]
     detected = [float(r["detected_s"]) for r in right if r.get("detected_s") is not None]
     rooted = [float(r["root_cause_s"]) for r in right if r.get("root_cause_s") is not None]
-    wrong = Counter(
-        f"{r.get('verdict')}:{(r.get('verdict_root_causes') or [[None, None]])[0][0]}"
-        + ("(rank right)" if (r.get("verdict_root_causes") or [[None, None]])[0][1] == r.get("fault_rank") else "")
-        for r in ok if not r.get("right"))
+    wrong = Counter(_said(r) for r in ok if not r.get("right"))
     hb = [float(r["heartbeat_bytes_per_rank_s"]) for r in ok if r.get("heartbeat_bytes_per_rank_s")]
     per_machine = 8 * statistics.median(hb) if hb else None
     return {

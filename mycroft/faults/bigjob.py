@@ -13,8 +13,11 @@ exactly what the encoders built for that rank (tests/rca/test_bigjob.py checks i
 
 Layout: TP x PP x DP with groups tp<i>, dp<i> and the world group. Each rank completes
 `ops_per_s` collectives a second (TP most, a DP and a world all-reduce per step).
-Fault "block": at `fault_at` one rank stops before its next TP collective; its TP peers
-wait in it, and everyone else waits in the next world all-reduce behind them.
+Faults (simfaults.py): from `fault_at` on, every rank plays a role (holder, waiter in TP /
+DP / world, silent, mismatched, crossed, a member of a stalled or slow DP ring, the slow
+rank); a role's heartbeat body is shared, what differs per rank (its groups, the group of
+its in-flight op, ages, comm time, native flows) is appended. Hangs freeze the frontier;
+slowdowns stretch the step (Clock.advance) and the faulty rank's compute share.
 """
 
 from __future__ import annotations

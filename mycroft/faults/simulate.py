@@ -1,13 +1,16 @@
 """`mycroft simulate`: a big simulated job (bigjob.py) against a real `mycroft rca serve` over OTLP/gRPC.
 
     mycroft simulate --ranks 16384 --tp 8 --ops 10 --op-spans 0 --fault block --seconds 20
+    mycroft simulate --ranks 256 --fault all,none --runs 2 --seed 7     # every kind, one service
 
 Starts the RCA service as its own process (or uses --endpoint/--api of a running one),
 runs sender processes that each own a slice of the ranks and send one heartbeat per rank
 per interval (plus op spans when --op-spans > 0: the share of collectives kept by
-trace-id head sampling), injects the fault, and prints one JSON line: verdict, right or
-wrong, detection / root-cause latency, the service's CPU, RSS and analysis pass times,
-spans offered / applied / dropped, bytes per rank per second.
+trace-id head sampling), injects the fault (simfaults.py: 7 process and 7 NCCL kinds;
+several runs are several jobs on the same service and senders), and prints one JSON line
+per run: verdict, right or wrong, detection / root-cause latency, the service's CPU, RSS
+and analysis pass times, spans offered / applied / dropped, bytes per rank per second.
+Progress goes to stderr when it is a terminal.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _simulate(faults: str, seconds: float, warmup: int, interval: float = 1.0) -
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict[str, Any]]:
-    return _simulate("all,none", seconds=16, warmup=6)
+    return _simulate("all,none", seconds=22, warmup=6)
 
 
 @pytest.mark.parametrize("fault", FAULTS)

@@ -44,7 +44,8 @@ from typing import Any, Protocol
 from .layout import Layout, unfit
 from .scoring import EXPECTED, HEALTHY, alert_job, critical_at, diagnose, first_alert, judge_healthy, percentile
 
-MATRIX = ("block", "sigkill", "sigstop", "straggler", "mismatch", "deadlock", "chain", "none")  # world layout
+MATRIX = ("block", "sigkill", "sigstop", "straggler", "mismatch", "mismatch_silent", "deadlock", "chain",
+          "none")  # world layout
 MATRIX_3D = ("block", "chain", "sigkill", "sigstop", "straggler", "mismatch_dtype", "mismatch_size", "mismatch_op",
              "deadlock")
 HEALTHY_3D = ("checkpoint", "eval", "jitter", "slow_rank")

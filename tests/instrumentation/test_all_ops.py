@@ -112,7 +112,7 @@ def test_subgroups_and_device_mesh_groups(traced_job: tuple[list, str]) -> None:
     sizes = {s.attributes[schema.ATTR_GROUP_SIZE] for s in _ops(spans)}
     assert {2, 4} <= sizes
     tp = _groups_of(stdout, "mesh_tp_all_reduce")
-    assert len(tp) == 2
+    assert len(tp) == 2, re.findall(r".*DID mesh_tp_all_reduce.*", stdout)
     tp_spans = [s for s in _ops(spans) if s.attributes[schema.ATTR_GROUP_NAME] in tp]
     assert {s.rank for s in tp_spans} == set(range(WORLD))
     assert all(s.attributes[schema.ATTR_GROUP_SIZE] == 2 for s in tp_spans)
@@ -139,7 +139,7 @@ def test_ddp_fsdp_and_functional_collectives_are_present(traced_job: tuple[list,
     tp = _groups_of(stdout, "mesh_tp_all_reduce")
     dtensor = [s for s in funcol if s.attributes[schema.ATTR_OP] == schema.OP_ALL_GATHER]
     assert {s.rank for s in dtensor} == set(range(WORLD))
-    assert {s.attributes[schema.ATTR_GROUP_NAME] for s in dtensor} == tp
+    assert {s.attributes[schema.ATTR_GROUP_NAME] for s in dtensor} == tp, re.findall(r".*DID mesh_tp.*", stdout)
 
 
 def test_heartbeats_report_frontier_and_end_with_a_final_record(traced_job: tuple[list, str]) -> None:

@@ -4,14 +4,18 @@
 The test compares the spans that arrive with these lines: no op may go untraced.
 """
 
+import os
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 
 def did(label: str, **facts: object) -> None:
-    # values in brackets: ranks write into one pipe unbuffered, so reports can run together
-    print("DID", label, " ".join(f"{k}=[{v}]" for k, v in facts.items()), flush=True)
+    # ranks share one pipe: each report is one write() of one line (atomic below PIPE_BUF), so
+    # reports cannot run into each other; values stay in brackets all the same
+    line = "DID " + label + " " + " ".join(f"{k}=[{v}]" for k, v in facts.items()) + "\n"
+    os.write(1, line.encode())
 
 
 def main() -> None:

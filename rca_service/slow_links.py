@@ -14,9 +14,9 @@ per-flow counters, flow_state.py):
 * nothing pending on any of the rank's flows, yet none moved for long: its proxy posts
   late (a victim always has something pending: receive buffers posted, waiting for data).
 
-A rank holds a backlog at one of its own loci in every recent heartbeat that sampled its
-flows, well above what the ring's other ranks ever hold there, while the job runs slower
-than its baseline: that rank's link is named. Pure functions of the job state.
+A rank holds a backlog at one of its own loci in the recent heartbeats that sampled its
+flows (all of the last 3, or 3 of the last 4), well above what the ring's other ranks ever
+hold there, while the job runs slower than its baseline: that rank's link is named. Pure functions of the job state.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _marks(job: JobState, beats: int) -> dict[int, list[FlowMark]]:
                 entry[1] = (flow_mark(r, entry[0]) if entry[0] else None) or False
             if entry[1]:
                 marks.append(entry[1])
-                if len(marks) == beats:
+                if len(marks) == beats + 1:
                     break
         if marks:
             out[r] = marks
@@ -101,12 +101,17 @@ def _marks(job: JobState, beats: int) -> dict[int, list[FlowMark]]:
 def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
              cfg: AnalysisConfig) -> tuple[int, float, float, int] | None:
     """(rank, held, ring typical, peer) of the rank holding most at `locus` in every sampled beat."""
+    def value_of(m: FlowMark) -> float:
+        return float(m.network) if locus == LOCUS_NETWORK else float(m.pcie) if locus == LOCUS_PCIE else m.idle_s
+
     def held(ms: Sequence[FlowMark]) -> float:
-        if locus == LOCUS_NETWORK:
-            return float(min(m.network for m in ms))
-        if locus == LOCUS_PCIE:
-            return float(min(m.pcie for m in ms))
-        return min(m.idle_s for m in ms)
+        """What it held in each of its last `beats` sampled heartbeats, or in all but one of the
+        last beats + 1 (a queue that drained for one sample is still the slow link)."""
+        values = [value_of(m) for m in ms]
+        strict = min(values[:beats])
+        if len(values) > beats:
+            return max(strict, sorted(values[:beats + 1])[1])
+        return strict
 
     def peak(ms: Sequence[FlowMark]) -> float:
         if locus == LOCUS_NETWORK:

@@ -88,3 +88,10 @@ def test_sends_and_receives_lagging_on_one_rank_point_at_its_pcie_not_its_nic() 
     slow = {3: [(True, 8, 8, 7, 4, 0.03), (False, 8, 8, 7, 4, 0.03)]}
     found = find_slow_link(_job([slow] * 3), CFG, slowdown=1.6)
     assert found is not None and (found.rank, found.locus) == (3, LOCUS_PCIE)
+
+
+def test_one_sample_in_which_the_queue_drained_does_not_hide_the_slow_link() -> None:
+    slow = {2: [(True, 8, 8, 8, 4, 0.03), (False, 6, 6, 4, 4, 0.002)]}
+    found = find_slow_link(_job([slow, {}, slow, slow]), CFG, slowdown=1.8)  # oldest first: a dip, then 2 more
+    assert found is not None and (found.rank, found.locus) == (2, LOCUS_NETWORK)
+    assert find_slow_link(_job([slow, {}, {}, slow]), CFG, slowdown=1.8) is None  # two dips: not persistent

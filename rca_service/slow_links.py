@@ -100,7 +100,7 @@ def _marks(job: JobState, beats: int) -> dict[int, list[FlowMark]]:
 
 def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
              cfg: AnalysisConfig) -> tuple[int, float, float, int] | None:
-    """(rank, held, ring typical, peer) of the rank holding most at `locus` in every sampled beat."""
+    """(rank, held, ring typical, peer) of the rank holding most at `locus` in its recent sampled beats."""
     def value_of(m: FlowMark) -> float:
         return float(m.network) if locus == LOCUS_NETWORK else float(m.pcie) if locus == LOCUS_PCIE else m.idle_s
 
@@ -113,19 +113,13 @@ def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
             return max(strict, sorted(values[:beats + 1])[1])
         return strict
 
-    def peak(ms: Sequence[FlowMark]) -> float:
-        if locus == LOCUS_NETWORK:
-            return float(max(m.network for m in ms))
-        if locus == LOCUS_PCIE:
-            return float(max(m.pcie for m in ms))
-        return max(m.idle_s for m in ms)
-
     full = {r: ms for r, ms in marks.items() if len(ms) >= beats}
     if len(full) < 3:
         return None
-    top = max(full, key=lambda r: held(full[r]))
-    value = held(full[top])
-    typical = statistics.median(peak(ms) for r, ms in full.items() if r != top)
+    holding = {r: held(ms) for r, ms in full.items()}
+    top = max(holding, key=holding.__getitem__)
+    value = holding[top]
+    typical = statistics.median(max(value_of(m) for m in ms) for r, ms in full.items() if r != top)
     if locus == LOCUS_PROXY:
         if value < cfg.slow_link_min_idle_s or value < cfg.slow_link_factor * typical:
             return None

@@ -69,6 +69,14 @@ class Incident:
     def key(self) -> str:
         return f"{self.job}/{self.kind}"
 
+    def take_story(self, finding: Finding, causes: list[dict[str, Any]]) -> None:
+        """This pass's root causes, summary, graph, evidence and drawing (kept when it draws nothing)."""
+        self.root_causes = causes
+        self.summary = finding.summary
+        self.graph = finding.graph
+        self.evidence = finding.evidence
+        self.view = finding.drawing() or self.view
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "job": self.job, "kind": self.kind, "status": self.status,
@@ -222,11 +230,7 @@ class IncidentTracker:
         if causes and (_cause_signature(causes) != _cause_signature(old) or _has_stack(causes) != _has_stack(old)
                        or current.root_cause_at is None):
             # new root causes, or the same ones with their evidence completed (a stack arrived)
-            current.root_causes = causes
-            current.summary = finding.summary
-            current.graph = finding.graph
-            current.evidence = finding.evidence
-            current.view = finding.drawing() or current.view
+            current.take_story(finding, causes)
             if current.root_cause_at is None:
                 current.root_cause_at = now
             changed = True
@@ -257,11 +261,7 @@ class IncidentTracker:
         if (finding.summary, finding.graph, finding.evidence, causes) == \
                 (current.summary, current.graph, current.evidence, current.root_causes):
             return False
-        current.root_causes = causes
-        current.summary = finding.summary
-        current.graph = finding.graph
-        current.evidence = finding.evidence
-        current.view = finding.drawing() or current.view
+        current.take_story(finding, causes)
         current.updated_at = now
         return True
 

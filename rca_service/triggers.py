@@ -22,7 +22,6 @@ LOST = "lost"  # silent without a goodbye
 EXITED = "exited"  # final heartbeat seen
 UNSEEN = "unseen"  # member of a group that never reported
 
-_EQUAL_BYTES_OPS = schema.EQUAL_BYTES_OPS  # ops whose members must pass buffers of equal size
 
 
 def lost_after(rank: RankState, cfg: AnalysisConfig) -> float:
@@ -109,7 +108,7 @@ class Mismatch:
 def _differs(a: Sig, b: Sig) -> str:
     if a[0] != b[0]:
         return "op"
-    if a[0] in _EQUAL_BYTES_OPS and a[1] and b[1] and a[1] != b[1]:
+    if a[0] in schema.EQUAL_BYTES_OPS and a[1] and b[1] and a[1] != b[1]:
         return "bytes"
     if a[2] and b[2] and a[2] != b[2]:
         return "dtype"
@@ -118,7 +117,7 @@ def _differs(a: Sig, b: Sig) -> str:
 
 def _canonical(sig: Sig, reference: Sig) -> Sig:
     """Heartbeats carry no dtype: compare on what both sides know."""
-    return (sig[0], sig[1] if sig[0] in _EQUAL_BYTES_OPS else 0, sig[2] if reference[2] else "")
+    return (sig[0], sig[1] if sig[0] in schema.EQUAL_BYTES_OPS else 0, sig[2] if reference[2] else "")
 
 
 def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:

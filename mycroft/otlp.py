@@ -12,6 +12,7 @@ import json
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from google.protobuf import json_format
@@ -21,6 +22,12 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from mycroft import schema
+
+_otlp_fast: ModuleType | None
+try:  # the compiled decoder (built by `pip install`, optional): see DecodeCache.decode_compiled
+    from mycroft import _otlp_fast
+except ImportError:  # pragma: no cover - a platform without a C compiler
+    _otlp_fast = None
 
 AttrValue = str | bool | int | float | list[Any]
 
@@ -188,8 +195,23 @@ class DecodeCache:
         return self.resource_bytes(resource.SerializeToString())
 
     def decode(self, payload: bytes) -> list[SpanRecord]:
-        """An ExportTraceServiceRequest's bytes -> records, via the lean schema (see the class doc)."""
-        return records_from_lean(parse_lean(payload), self)
+        """An ExportTraceServiceRequest's bytes -> records: compiled where it is built, else the lean schema."""
+        records = self.decode_compiled(payload)
+        return records if records is not None else records_from_lean(parse_lean(payload), self)
+
+    def decode_compiled(self, payload: bytes) -> list[SpanRecord] | None:
+        """The compiled decoder's records (mycroft/_otlp_fast.c), exactly records_from_lean's;
+        None where it is not built or leaves the input to the Python path (unusual or malformed:
+        that path then gives the records or the error). Raises OtlpDecodeError like it."""
+        if _otlp_fast is None:
+            return None
+        found = _otlp_fast.decode(payload, self.values, VOLATILE_KEYS, self.max_entries, self._miss,
+                                  self.resource_bytes, SpanRecord, MAX_ATTRIBUTES)
+        if found is None:
+            return None
+        records, misses = found
+        self.misses += misses
+        return records
 
 
 _KEYS: dict[bytes, str] = {}  # attribute keys by their UTF-8 bytes (few distinct ones)
@@ -457,6 +479,15 @@ def keep_only_named(request: Any, name: str) -> int:
                 kept = [type(span).FromString(span.SerializeToString()) for span in keep]
                 del scope_spans.spans[:]
                 scope_spans.spans.extend(kept)
+    return dropped
+
+
+def keep_only_named_records(records: list[SpanRecord], name: str) -> int:
+    """keep_only_named for decoded records (the compiled decoder's): in place, returns how many went."""
+    kept = [record for record in records if record.name == name]
+    dropped = len(records) - len(kept)
+    if dropped:
+        records[:] = kept
     return dropped
 
 

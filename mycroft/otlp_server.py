@@ -198,8 +198,9 @@ class OtlpReceiver:
                  prefilter: Callable[[Any], int] | None = None) -> None:
         self._sink = sink
         self._cache = decode_cache  # repeated arrays / resources decoded once (the sink treats values as read-only)
-        # gRPC requests pass it before decoding (a full or a lean request: both have resource_spans /
-        # scope_spans / spans with names): it may drop spans in place (load shedding), returns how many
+        # gRPC requests pass it before the costly decode (a full or a lean request: both have
+        # resource_spans / scope_spans / spans with names), or, decoded by the compiled path, as
+        # their list of records: it may drop spans in place (load shedding), returns how many
         self._prefilter = prefilter
         self._request_sink = grpc_request_sink
         self._auth = auth
@@ -247,13 +248,19 @@ class OtlpReceiver:
         # with the lean schema (key-values as bytes, memoized); per-job filtering needs the full one
         lean = self._request_sink is None and self._cache is not None and principal.all_jobs
         if lean:
+            assert self._cache is not None
+            try:
+                records = self._cache.decode_compiled(payload)
+            except OtlpDecodeError as exc:
+                records = None
+                self._bad_grpc(context, payload, exc)
+            if records is not None:
+                return self._sink_grpc(records, self._prefilter(records) if self._prefilter is not None else 0,
+                                       context)
             try:
                 request = parse_lean(payload)
             except OtlpDecodeError as exc:
-                self._reject(REJECT_UNDECODABLE, 0)
-                _bad_input.warning("grpc-decode", "OTLP/gRPC: undecodable request from %s (%d bytes): %s",
-                                   context.peer(), len(payload), exc)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
+                self._bad_grpc(context, payload, exc)
         else:
             request = parse_grpc_request(payload, context, self._reject)
         if not principal.all_jobs:
@@ -280,6 +287,20 @@ class OtlpReceiver:
             self._reject(REJECT_FORBIDDEN_JOB, refused)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, _refused_message(refused, gate.refused_jobs))
         shed = (shed or 0) + early
+        return partial_success(shed).SerializeToString() if shed else None
+
+    def _bad_grpc(self, context: grpc.ServicerContext, payload: bytes, exc: OtlpDecodeError) -> None:
+        self._reject(REJECT_UNDECODABLE, 0)
+        _bad_input.warning("grpc-decode", "OTLP/gRPC: undecodable request from %s (%d bytes): %s",
+                           context.peer(), len(payload), exc)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
+
+    def _sink_grpc(self, records: list[SpanRecord], shed: int, context: grpc.ServicerContext) -> bytes | None:
+        """Records decoded by the compiled path (callers who may write every job), to the sink."""
+        try:
+            shed += (self._sink(records) or 0) if records else 0
+        except OverflowError as exc:  # sinks raise it when they shed load
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         return partial_success(shed).SerializeToString() if shed else None
 
     # ------------------------------------------------------------------ HTTP

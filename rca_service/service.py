@@ -16,7 +16,7 @@ from typing import Any
 from mycroft import schema
 from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpLimits, TlsFiles
-from mycroft.otlp import DecodeCache, SpanRecord, keep_only_named
+from mycroft.otlp import DecodeCache, SpanRecord, keep_only_named, keep_only_named_records
 from mycroft.otlp_server import OtlpReceiver, split_host_port
 from mycroft.security_cli import warn_if_open
 
@@ -146,10 +146,12 @@ class RcaService:
 
     def _shed_before_decode(self, request: Any) -> int:
         """Under an op-span backlog, a gRPC request keeps only its heartbeats, dropped before the
-        costly decode: the decoder threads stay free for heartbeats (they never queue behind it)."""
+        costly Python decode (or right after the compiled one, when `request` is its records): the
+        decoder threads stay free for heartbeats (they never queue behind it)."""
         if not self.ingest.congested():
             return 0
-        shed = keep_only_named(request, schema.SPAN_HEARTBEAT)
+        shed = keep_only_named_records(request, schema.SPAN_HEARTBEAT) if isinstance(request, list) else \
+            keep_only_named(request, schema.SPAN_HEARTBEAT)
         if shed:
             self.metrics.inc("mycroft_rca_spans_dropped_total", shed, reason="shed_before_decode")
         return shed

@@ -1,0 +1,496 @@
+/* The RCA receivers' OTLP traces decoder, compiled: ExportTraceServiceRequest bytes -> SpanRecords.
+ *
+ * Why C: at 16,384 ranks x 1 heartbeat/s the Python lean decoder (mycroft/otlp.py,
+ * records_from_lean) costs ~14 us per heartbeat, a quarter of a core on its own; this walks
+ * the same bytes once and looks every KeyValue up in the same DecodeCache dict.
+ *
+ * It is an accelerator, never a second definition of the format: whatever it is not sure of
+ * (a malformed or unusual encoding, a wire type it does not expect, a value shape
+ * mycroft.otlp._fast_kv does not take) makes decode() return None, and the caller decodes
+ * the request with the Python path, which gives the records or the exact error.
+ * tests/test_otlp_fast.py checks it against records_from_lean on mutated and random input.
+ *
+ * Field numbers are OTLP's (opentelemetry/proto/trace/v1/trace.proto, common.proto).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_STRING_BYTES (1 << 20) /* mycroft.otlp.MAX_STRING_CHARS: shorter in bytes is shorter in chars */
+#define MAX_ARRAY_ITEMS 65536      /* mycroft.otlp.MAX_ARRAY_ITEMS */
+
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+} Cursor;
+
+/* What decode() was given, for the helpers. */
+typedef struct {
+    PyObject *values;      /* dict: KeyValue bytes -> (key, value) */
+    PyObject *volatile_keys; /* frozenset of keys never memoized */
+    Py_ssize_t max_entries;
+    PyObject *miss;        /* DecodeCache._miss(raw) -> (key, value) */
+    PyObject *resource_bytes; /* DecodeCache.resource_bytes(raw) -> dict */
+    PyObject *record_type; /* SpanRecord */
+    Py_ssize_t max_attributes;
+    Py_ssize_t misses;
+} Ctx;
+
+enum { OK = 0, UNSURE = 1, ERROR = 2 }; /* UNSURE: let Python decode it; ERROR: a Python exception is set */
+
+static int varint(Cursor *c, uint64_t *out) {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (c->p >= c->end) return UNSURE;
+        uint8_t byte = *c->p++;
+        value |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80) {
+            *out = value;
+            return OK;
+        }
+    }
+    return UNSURE;
+}
+
+/* The next field's number and wire type; its payload is then read by the caller. */
+static int tag(Cursor *c, uint32_t *field, uint32_t *wire) {
+    uint64_t t;
+    if (varint(c, &t) != OK || t > 0xFFFFFFFFu || (t >> 3) == 0) return UNSURE;
+    *field = (uint32_t)(t >> 3);
+    *wire = (uint32_t)(t & 7);
+    return OK;
+}
+
+static int delimited(Cursor *c, Cursor *inner) {
+    uint64_t n;
+    if (varint(c, &n) != OK || n > (uint64_t)(c->end - c->p)) return UNSURE;
+    inner->p = c->p;
+    inner->end = c->p + n;
+    c->p += n;
+    return OK;
+}
+
+static int fixed64(Cursor *c, uint64_t *out) {
+    if (c->end - c->p < 8) return UNSURE;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | c->p[i];
+    c->p += 8;
+    *out = v;
+    return OK;
+}
+
+/* Skip a field this decoder does not read (as upb skips unknown fields); groups: unsure. */
+static int skip(Cursor *c, uint32_t wire) {
+    uint64_t ignored;
+    Cursor inner;
+    switch (wire) {
+    case 0: return varint(c, &ignored);
+    case 1: return fixed64(c, &ignored);
+    case 2: return delimited(c, &inner);
+    case 5:
+        if (c->end - c->p < 4) return UNSURE;
+        c->p += 4;
+        return OK;
+    default: return UNSURE;
+    }
+}
+
+static PyObject *utf8(Cursor s) {
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)s.p, s.end - s.p, NULL);
+    if (text == NULL) PyErr_Clear(); /* Python's path names the bad string */
+    return text;
+}
+
+/* An id's bytes as int.from_bytes(..., "big"); 0 when empty. */
+static PyObject *big_int(Cursor s) {
+    Py_ssize_t n = s.end - s.p;
+    if (n <= 8) {
+        uint64_t v = 0;
+        for (Py_ssize_t i = 0; i < n; i++) v = (v << 8) | s.p[i];
+        return PyLong_FromUnsignedLongLong(v);
+    }
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)s.p, n);
+    if (raw == NULL) return NULL;
+    PyObject *value = PyObject_CallMethod((PyObject *)&PyLong_Type, "from_bytes", "Os", raw, "big");
+    Py_DECREF(raw);
+    return value;
+}
+
+/* One AnyValue holding a string, int, double or bool (exactly one field), or empty (-> "").
+ * Sets *out (a new reference) or returns UNSURE for every other shape. */
+static int scalar(Cursor v, PyObject **out) {
+    if (v.p == v.end) {
+        *out = PyUnicode_FromStringAndSize("", 0);
+        return *out ? OK : ERROR;
+    }
+    uint32_t field, wire;
+    if (tag(&v, &field, &wire) != OK) return UNSURE;
+    if (field == 1 && wire == 2) { /* string_value */
+        Cursor s;
+        if (delimited(&v, &s) != OK || v.p != v.end || s.end - s.p > MAX_STRING_BYTES) return UNSURE;
+        *out = utf8(s);
+        return *out ? OK : UNSURE;
+    }
+    if (field == 3 && wire == 0) { /* int_value: int64, two's complement */
+        uint64_t x;
+        if (varint(&v, &x) != OK || v.p != v.end) return UNSURE;
+        *out = PyLong_FromLongLong((long long)(int64_t)x);
+        return *out ? OK : ERROR;
+    }
+    if (field == 4 && wire == 1) { /* double_value */
+        uint64_t bits;
+        if (fixed64(&v, &bits) != OK || v.p != v.end) return UNSURE;
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        *out = PyFloat_FromDouble(d);
+        return *out ? OK : ERROR;
+    }
+    if (field == 2 && wire == 0 && v.end - v.p == 1 && v.p[0] < 2) { /* bool_value, canonical */
+        *out = PyBool_FromLong(v.p[0]);
+        return OK;
+    }
+    return UNSURE;
+}
+
+/* A serialized KeyValue: key (1) then value (2), each once, value a scalar or an array of scalars. */
+static int key_value(Cursor kv, PyObject **key_out, PyObject **value_out) {
+    uint32_t field, wire;
+    Cursor key, any;
+    if (tag(&kv, &field, &wire) != OK || field != 1 || wire != 2 || delimited(&kv, &key) != OK) return UNSURE;
+    if (tag(&kv, &field, &wire) != OK || field != 2 || wire != 2 || delimited(&kv, &any) != OK) return UNSURE;
+    if (kv.p != kv.end) return UNSURE;
+    PyObject *value = NULL;
+    Cursor peek = any;
+    if (any.p != any.end && *any.p == 0x2A) { /* array_value (5, length-delimited) */
+        Cursor array;
+        if (tag(&peek, &field, &wire) != OK || delimited(&peek, &array) != OK || peek.p != peek.end) return UNSURE;
+        value = PyList_New(0);
+        if (value == NULL) return ERROR;
+        while (array.p < array.end) {
+            Cursor item;
+            if (tag(&array, &field, &wire) != OK || field != 1 || wire != 2 || delimited(&array, &item) != OK ||
+                PyList_GET_SIZE(value) >= MAX_ARRAY_ITEMS) {
+                Py_DECREF(value);
+                return UNSURE;
+            }
+            PyObject *element;
+            int r = scalar(item, &element);
+            if (r != OK) {
+                Py_DECREF(value);
+                return r;
+            }
+            r = PyList_Append(value, element);
+            Py_DECREF(element);
+            if (r < 0) {
+                Py_DECREF(value);
+                return ERROR;
+            }
+        }
+    } else {
+        int r = scalar(any, &value);
+        if (r != OK) return r;
+    }
+    PyObject *k = utf8(key);
+    if (k == NULL) {
+        Py_DECREF(value);
+        return UNSURE;
+    }
+    *key_out = k;
+    *value_out = value;
+    return OK;
+}
+
+/* mycroft.otlp.DecodeCache._miss's memo rule: volatile keys and floats churn the table. */
+static int memoizable(Ctx *ctx, PyObject *key, PyObject *value) {
+    if (PyFloat_CheckExact(value)) return 0;
+    if (PyList_CheckExact(value) && PyList_GET_SIZE(value) > 0 && PyFloat_CheckExact(PyList_GET_ITEM(value, 0)))
+        return 0;
+    int found = PySet_Contains(ctx->volatile_keys, key);
+    return found == 0 ? 1 : 0; /* an error (cannot happen for str) reads as "do not memoize" */
+}
+
+/* One attribute into `attrs`: memoized by its bytes, else decoded here, else by Python. */
+static int attribute(Ctx *ctx, Cursor kv, PyObject *attrs) {
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)kv.p, kv.end - kv.p);
+    if (raw == NULL) return ERROR;
+    PyObject *hit = PyDict_GetItemWithError(ctx->values, raw); /* borrowed */
+    if (hit != NULL && PyTuple_CheckExact(hit) && PyTuple_GET_SIZE(hit) == 2) {
+        Py_DECREF(raw);
+        return PyDict_SetItem(attrs, PyTuple_GET_ITEM(hit, 0), PyTuple_GET_ITEM(hit, 1)) < 0 ? ERROR : OK;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(raw);
+        return ERROR;
+    }
+    PyObject *key = NULL, *value = NULL;
+    int r = key_value(kv, &key, &value);
+    if (r == ERROR) {
+        Py_DECREF(raw);
+        return ERROR;
+    }
+    if (r == UNSURE) { /* Python's rules: the full decoder, its errors, its memo */
+        PyObject *pair = PyObject_CallOneArg(ctx->miss, raw);
+        Py_DECREF(raw);
+        if (pair == NULL) return ERROR;
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_TypeError, "DecodeCache._miss must return (key, value)");
+            return ERROR;
+        }
+        r = PyDict_SetItem(attrs, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+        Py_DECREF(pair);
+        return r < 0 ? ERROR : OK;
+    }
+    ctx->misses++;
+    r = PyDict_SetItem(attrs, key, value);
+    if (r == 0 && memoizable(ctx, key, value)) {
+        if (PyDict_GET_SIZE(ctx->values) >= ctx->max_entries) PyDict_Clear(ctx->values);
+        PyObject *pair = PyTuple_Pack(2, key, value);
+        r = pair == NULL ? -1 : PyDict_SetItem(ctx->values, raw, pair);
+        Py_XDECREF(pair);
+    }
+    Py_DECREF(raw);
+    Py_DECREF(key);
+    Py_DECREF(value);
+    return r < 0 ? ERROR : OK;
+}
+
+/* Status {2: message, 3: code (int32)}; a repeated field merges into the same values. */
+static int status(Cursor c, int32_t *code, Cursor *message) {
+    while (c.p < c.end) {
+        uint32_t field, wire;
+        if (tag(&c, &field, &wire) != OK) return UNSURE;
+        if (field == 2) {
+            if (wire != 2 || delimited(&c, message) != OK) return UNSURE;
+        } else if (field == 3) {
+            uint64_t v;
+            if (wire != 0 || varint(&c, &v) != OK) return UNSURE;
+            *code = (int32_t)(uint32_t)v;
+        } else if (skip(&c, wire) != OK) {
+            return UNSURE;
+        }
+    }
+    return OK;
+}
+
+/* One Span -> a SpanRecord appended to `out`. */
+static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObject *out) {
+    static const uint8_t nothing = 0;
+    Cursor empty = {&nothing, &nothing};
+    Cursor trace_id = empty, span_id = empty, parent = empty, name = empty, message = empty;
+    uint64_t start = 0, end = 0;
+    int32_t code = 0;
+    Cursor body = c;
+    while (c.p < c.end) { /* first pass: everything but the attributes, and the whole span checked */
+        uint32_t field, wire;
+        Cursor s;
+        if (tag(&c, &field, &wire) != OK) return UNSURE;
+        switch (field) {
+        case 1: if (wire != 2 || delimited(&c, &trace_id) != OK) return UNSURE; break;
+        case 2: if (wire != 2 || delimited(&c, &span_id) != OK) return UNSURE; break;
+        case 4: if (wire != 2 || delimited(&c, &parent) != OK) return UNSURE; break;
+        case 5: if (wire != 2 || delimited(&c, &name) != OK) return UNSURE; break;
+        case 7: if (wire != 1 || fixed64(&c, &start) != OK) return UNSURE; break;
+        case 8: if (wire != 1 || fixed64(&c, &end) != OK) return UNSURE; break;
+        case 9: if (wire != 2 || delimited(&c, &s) != OK) return UNSURE; break;
+        case 15:
+            if (wire != 2 || delimited(&c, &s) != OK || status(s, &code, &message) != OK) return UNSURE;
+            break;
+        default: if (skip(&c, wire) != OK) return UNSURE;
+        }
+    }
+    PyObject *attrs = PyDict_New();
+    if (attrs == NULL) return ERROR;
+    Py_ssize_t seen = 0;
+    while (body.p < body.end && seen < ctx->max_attributes) { /* second pass: the attributes, in order */
+        uint32_t field, wire;
+        Cursor s;
+        tag(&body, &field, &wire); /* checked above */
+        if (field == 9) {
+            delimited(&body, &s);
+            seen++;
+            if (attribute(ctx, s, attrs) != OK) {
+                Py_DECREF(attrs);
+                return ERROR;
+            }
+        } else {
+            skip(&body, wire);
+        }
+    }
+    PyObject *args[11] = {NULL};
+    args[0] = trace_id.p == trace_id.end ? PyLong_FromLong(0) : big_int(trace_id);
+    args[1] = span_id.p == span_id.end ? PyLong_FromLong(0) : big_int(span_id);
+    args[2] = utf8(name);
+    args[3] = PyLong_FromUnsignedLongLong(start);
+    args[4] = PyLong_FromUnsignedLongLong(end);
+    args[5] = attrs;
+    Py_INCREF(resource);
+    args[6] = resource;
+    args[7] = parent.p == parent.end ? PyLong_FromLong(0) : big_int(parent);
+    args[8] = PyLong_FromLong(code);
+    args[9] = utf8(message);
+    Py_INCREF(scope);
+    args[10] = scope;
+    int r = OK;
+    for (int i = 0; i < 11; i++)
+        if (args[i] == NULL) r = PyErr_Occurred() ? ERROR : UNSURE;
+    if (r == OK) {
+        PyObject *record = PyObject_Vectorcall(ctx->record_type, args, 11, NULL);
+        if (record == NULL || PyList_Append(out, record) < 0) r = ERROR;
+        Py_XDECREF(record);
+    }
+    for (int i = 0; i < 11; i++) Py_XDECREF(args[i]);
+    return r;
+}
+
+/* ScopeSpans {1: scope {1: name}, 2: spans} */
+static int scope_spans(Ctx *ctx, Cursor c, PyObject *resource, PyObject *out) {
+    static const uint8_t nothing = 0;
+    Cursor name = {&nothing, &nothing};
+    Cursor first = c;
+    while (c.p < c.end) {
+        uint32_t field, wire;
+        Cursor s;
+        if (tag(&c, &field, &wire) != OK) return UNSURE;
+        if (field == 1) {
+            if (wire != 2 || delimited(&c, &s) != OK) return UNSURE;
+            while (s.p < s.end) { /* InstrumentationScope: only its name is read */
+                uint32_t f, w;
+                if (tag(&s, &f, &w) != OK) return UNSURE;
+                if (f == 1) {
+                    if (w != 2 || delimited(&s, &name) != OK) return UNSURE;
+                } else if (skip(&s, w) != OK) {
+                    return UNSURE;
+                }
+            }
+        } else if (field == 2) {
+            if (wire != 2 || delimited(&c, &s) != OK) return UNSURE;
+        } else if (skip(&c, wire) != OK) {
+            return UNSURE;
+        }
+    }
+    PyObject *scope = utf8(name);
+    if (scope == NULL) return UNSURE;
+    int r = OK;
+    while (r == OK && first.p < first.end) {
+        uint32_t field, wire;
+        Cursor s;
+        tag(&first, &field, &wire);
+        if (field == 2) {
+            delimited(&first, &s);
+            r = span(ctx, s, resource, scope, out);
+        } else {
+            skip(&first, wire);
+        }
+    }
+    Py_DECREF(scope);
+    return r;
+}
+
+/* ResourceSpans {1: resource (bytes, memoized by DecodeCache.resource_bytes), 2: scope_spans} */
+static int resource_spans(Ctx *ctx, Cursor c, PyObject *out) {
+    static const uint8_t nothing = 0;
+    Cursor resource = {&nothing, &nothing};
+    Cursor first = c;
+    while (c.p < c.end) {
+        uint32_t field, wire;
+        Cursor s;
+        if (tag(&c, &field, &wire) != OK) return UNSURE;
+        if (field == 1 || field == 2) {
+            if (wire != 2 || delimited(&c, &s) != OK) return UNSURE;
+            if (field == 1) resource = s; /* the last one, as the lean schema's bytes field keeps */
+        } else if (skip(&c, wire) != OK) {
+            return UNSURE;
+        }
+    }
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)resource.p, resource.end - resource.p);
+    if (raw == NULL) return ERROR;
+    PyObject *attrs = PyObject_CallOneArg(ctx->resource_bytes, raw);
+    Py_DECREF(raw);
+    if (attrs == NULL) return ERROR;
+    int r = OK;
+    while (r == OK && first.p < first.end) {
+        uint32_t field, wire;
+        Cursor s;
+        tag(&first, &field, &wire);
+        if (field == 2) {
+            delimited(&first, &s);
+            r = scope_spans(ctx, s, attrs, out);
+        } else {
+            skip(&first, wire);
+        }
+    }
+    Py_DECREF(attrs);
+    return r;
+}
+
+/* A whole request must be well-formed before any Python call sees part of it. */
+static int check_request(Cursor c) {
+    while (c.p < c.end) {
+        uint32_t field, wire;
+        Cursor s;
+        if (tag(&c, &field, &wire) != OK) return UNSURE;
+        if (field == 1) {
+            if (wire != 2 || delimited(&c, &s) != OK) return UNSURE;
+        } else if (skip(&c, wire) != OK) {
+            return UNSURE;
+        }
+    }
+    return OK;
+}
+
+PyDoc_STRVAR(decode_doc,
+             "decode(payload, values, volatile_keys, max_entries, miss, resource_bytes, record_type, max_attributes)\n"
+             "-> (records, misses) | None\n\n"
+             "ExportTraceServiceRequest bytes -> SpanRecords, as mycroft.otlp.records_from_lean gives them;\n"
+             "None where the Python path must decide (unusual or malformed input).");
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_buffer payload;
+    Ctx ctx = {0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*O!O!nOOOn", &payload, &PyDict_Type, &ctx.values, &PyFrozenSet_Type,
+                          &ctx.volatile_keys, &ctx.max_entries, &ctx.miss, &ctx.resource_bytes, &ctx.record_type,
+                          &ctx.max_attributes))
+        return NULL;
+    Cursor c = {(const uint8_t *)payload.buf, (const uint8_t *)payload.buf + payload.len};
+    PyObject *out = NULL;
+    int r = check_request(c);
+    if (r == OK) {
+        out = PyList_New(0);
+        r = out == NULL ? ERROR : OK;
+    }
+    while (r == OK && c.p < c.end) {
+        uint32_t field, wire;
+        Cursor s;
+        tag(&c, &field, &wire);
+        if (field == 1) {
+            delimited(&c, &s);
+            r = resource_spans(&ctx, s, out);
+        } else {
+            skip(&c, wire);
+        }
+    }
+    PyBuffer_Release(&payload);
+    if (r != OK) {
+        Py_XDECREF(out);
+        if (r == ERROR) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *result = Py_BuildValue("(Nn)", out, ctx.misses);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS, decode_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "mycroft._otlp_fast",
+    "The RCA receivers' compiled OTLP traces decoder (see mycroft/otlp.py, DecodeCache.decode).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__otlp_fast(void) { return PyModule_Create(&module); }

@@ -1,0 +1,123 @@
+"""The compiled OTLP decoder (mycroft/_otlp_fast.c) against its definition, records_from_lean.
+
+The compiled path may leave any input to the Python one (decode_compiled returns None), but
+where it answers, it must give exactly the lean decoder's records, and where the lean decoder
+refuses an input the compiled path must refuse it too or step aside.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mycroft import otlp, schema
+from mycroft.faults.bigjob import BigJob, Layout
+from mycroft.otlp import DecodeCache, OtlpDecodeError, SpanRecord, parse_lean, records_from_lean, request_from_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from edge_fuzz import mutate, seed_records
+
+FUZZ = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+VALID: bytes = request_from_records(seed_records()).SerializeToString()
+
+
+def _lean(payload: bytes, cache: DecodeCache) -> list[SpanRecord] | None:
+    try:
+        return records_from_lean(parse_lean(payload), cache)
+    except OtlpDecodeError:
+        return None
+
+
+def _compiled(payload: bytes, cache: DecodeCache) -> tuple[str, list[SpanRecord] | None]:
+    try:
+        found = cache.decode_compiled(payload)
+    except OtlpDecodeError:
+        return "refused", None
+    return ("stepped aside", None) if found is None else ("decoded", found)
+
+
+def _agrees(payload: bytes, warm: bool = False) -> str:
+    lean_cache, compiled_cache = DecodeCache(), DecodeCache()
+    if warm:
+        _lean(VALID, lean_cache)
+        _compiled(VALID, compiled_cache)
+    expected = _lean(payload, lean_cache)
+    outcome, records = _compiled(payload, compiled_cache)
+    if outcome == "decoded":
+        assert records == expected
+    elif outcome == "refused":
+        assert expected is None, "the compiled decoder refused what the lean one accepts"
+    return outcome
+
+
+def test_the_compiled_decoder_is_built() -> None:
+    """The set-up builds it (pip install -e .): the suite must exercise it, not its absence."""
+    assert otlp._otlp_fast is not None
+    assert DecodeCache().decode_compiled(VALID) is not None
+
+
+def test_simulated_heartbeats_and_op_spans_decode_alike() -> None:
+    """The instrumentation's own encoders (the simulator's wire bytes): heartbeats with flows and
+    digests, op spans, a hung tick; cold and warm caches, the memo's counters alike."""
+    job = BigJob("fast", Layout(256, 8), 10, fault_rank=77, fault_at=1_004.0)
+    lean_cache, compiled_cache = DecodeCache(), DecodeCache()
+    ranks = list(range(256))
+    for k in range(8):
+        now = 1_000.0 + k
+        job.tick(now)
+        payloads = [job.heartbeat_bytes(ranks, now), job.op_span_bytes(ranks, now)[0]]
+        for payload in payloads:
+            expected = records_from_lean(parse_lean(payload), lean_cache)
+            found = compiled_cache.decode_compiled(payload)
+            assert found is not None and found == expected
+    assert compiled_cache.misses == lean_cache.misses
+    assert compiled_cache.values.keys() == lean_cache.values.keys()
+
+
+def test_values_of_every_shape() -> None:
+    """Each attribute shape the Python path knows, including those the C code leaves to it."""
+    values = [0, -1, 1 << 62, -(1 << 63), 1.5, float("inf"), True, False, "", "x" * 300, "é✓",
+              [1, 2, 3], [0.5, 1.5], ["a", ""], [True, False], [], [[1, 2], [3]], [1, "a", 2.5],
+              list(range(2000))]
+    attrs = {f"k{i}": v for i, v in enumerate(values)} | {schema.ATTR_SPAN_KIND: schema.KIND_HEARTBEAT}
+    record = SpanRecord(trace_id=(1 << 127) + 5, span_id=(1 << 63) + 1, name="n", start_ns=1, end_ns=(1 << 64) - 1,
+                        attributes=attrs, resource={schema.RES_JOB_ID: "j"}, parent_span_id=9, status_code=2,
+                        status_message="boom", scope="s")
+    payload = request_from_records([record, record]).SerializeToString()
+    assert _agrees(payload) == "decoded"
+    assert DecodeCache().decode_compiled(payload) == [record, record]
+
+
+@FUZZ
+@given(st.randoms(use_true_random=False))
+def test_mutated_requests(rng: random.Random) -> None:
+    _agrees(mutate(VALID, rng), warm=rng.random() < 0.5)
+
+
+@FUZZ
+@given(st.binary(max_size=512))
+def test_random_bytes(data: bytes) -> None:
+    _agrees(data)
+
+
+def test_mutations_mostly_decode_in_c() -> None:
+    """The compiled path must not quietly step aside from what the lean one accepts (that would hide a bug)."""
+    rng = random.Random(7)
+    accepted = decoded = 0
+    for _ in range(1500):
+        payload = mutate(VALID, rng)
+        outcome = _agrees(payload)
+        if _lean(payload, DecodeCache()) is not None:
+            accepted += 1
+            decoded += outcome == "decoded"
+    assert accepted >= 20 and decoded >= 0.8 * accepted, (accepted, decoded)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 100])
+def test_truncated_requests_step_aside_or_refuse(cut: int) -> None:
+    assert _agrees(VALID[:-cut]) in ("stepped aside", "refused")

@@ -51,7 +51,38 @@ def _int(value: Any, default: int) -> int:
 
 
 def world_of(record: SpanRecord) -> int:
-    return _int(record.resource.get(schema.RES_WORLD_SIZE), 0)
+    return resource_facts(record.resource)[2]
+
+
+#: id(resource) -> (the resource, its job id, run id, world size)
+_RESOURCE_FACTS: dict[int, tuple[dict[str, Any], str, str, int]] = {}
+
+
+def resource_facts(resource: dict[str, Any]) -> tuple[str, str, int]:
+    """(job id, run id, world size) a resource names: what every record of a process repeats.
+
+    Memoized by the dict's identity: the decoders share one dict per distinct resource (every
+    span of a process), and the entry holds it, so its id cannot be reused while remembered.
+    Callers treat resources as read-only (as the decoders' shared values).
+    """
+    found = _RESOURCE_FACTS.get(id(resource))
+    if found is not None and found[0] is resource:
+        return found[1], found[2], found[3]
+    job = resource.get(schema.RES_JOB_ID)
+    if job is None:
+        job = resource.get(schema.RES_SERVICE_NAME, "unknown")
+    run = resource.get(schema.RES_RUN_ID)
+    facts = (str(job), str(run)[:128] if run is not None else "", _int(resource.get(schema.RES_WORLD_SIZE), 0))
+    if len(_RESOURCE_FACTS) >= 1 << 16:
+        _RESOURCE_FACTS.clear()
+    _RESOURCE_FACTS[id(resource)] = (resource, *facts)
+    return facts
+
+
+def job_of(record: SpanRecord) -> str:
+    """SpanRecord.job_id, with the resource's part memoized (a span's own attribute still wins)."""
+    job = record.attributes.get(schema.RES_JOB_ID)
+    return resource_facts(record.resource)[0] if job is None else str(job)
 
 
 def _bad_ranks(text: Any, limit: int, cfg: AnalysisConfig) -> bool:
@@ -70,23 +101,28 @@ def _bad_ranks_text(text: str, limit: int, max_ranks: int) -> bool:
     return False
 
 
-_MEMBER_LISTS: dict[int, tuple[list[Any], int, int, bool]] = {}  # id -> (the list, limit, max ranks, bad)
+#: (what, id(list)) -> (the list, limit, max ranks, bad)
+_LIST_VERDICTS: dict[tuple[str, int], tuple[list[Any], int, int, bool]] = {}
 
 
-def _bad_member_lists(members: list[Any], limit: int, cfg: AnalysisConfig) -> bool:
-    """Whether any group member string of a heartbeat is malformed or outside the world.
+def _bad_list(what: str, values: list[Any], limit: int, cfg: AnalysisConfig) -> bool:
+    """Whether a heartbeat's group member strings (`what` "members") or in-flight peers ("peers")
+    are malformed or outside the world.
 
     Memoized by the list's identity: the OTLP decoder shares one list among every heartbeat
     that carried the same bytes (a rank's table repeats every beat); the entry holds the
     list, so its id cannot be reused while it is remembered.
     """
-    found = _MEMBER_LISTS.get(id(members))
-    if found is not None and found[0] is members and found[1] == limit and found[2] == cfg.max_ranks_per_job:
+    found = _LIST_VERDICTS.get((what, id(values)))
+    if found is not None and found[0] is values and found[1] == limit and found[2] == cfg.max_ranks_per_job:
         return found[3]
-    bad = any(_bad_ranks(text, limit, cfg) for text in members)
-    if len(_MEMBER_LISTS) >= 1 << 16:
-        _MEMBER_LISTS.clear()
-    _MEMBER_LISTS[id(members)] = (members, limit, cfg.max_ranks_per_job, bad)
+    if what == "members":
+        bad = any(_bad_ranks(text, limit, cfg) for text in values)
+    else:
+        bad = any(_peer_bad(peer, limit) for peer in values)
+    if len(_LIST_VERDICTS) >= 1 << 16:
+        _LIST_VERDICTS.clear()
+    _LIST_VERDICTS[(what, id(values))] = (values, limit, cfg.max_ranks_per_job, bad)
     return bad
 
 
@@ -96,13 +132,14 @@ def _peer_bad(value: Any, limit: int) -> bool:
 
 
 def _oversized_heartbeat(a: dict[str, Any], cfg: AnalysisConfig) -> str | None:
+    get, groups_cap = a.get, cfg.max_groups_per_job
     for key in _HB_GROUP_ARRAYS:
-        value = a.get(key)
-        if isinstance(value, list) and len(value) > cfg.max_groups_per_job:
+        value = get(key)
+        if value.__class__ is list and len(value) > groups_cap:
             return REJECT_OVERSIZED
     for key in _HB_INFLIGHT_ARRAYS:
-        value = a.get(key)
-        if isinstance(value, list) and len(value) > MAX_INFLIGHT_OPS:
+        value = get(key)
+        if value.__class__ is list and len(value) > MAX_INFLIGHT_OPS:
             return REJECT_OVERSIZED
     return None
 
@@ -116,19 +153,16 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | N
     if rank >= limit:
         return REJECT_RANK_OUT_OF_WORLD
     a = record.attributes
-    kind = record.kind
+    kind = a.get(schema.ATTR_SPAN_KIND, "")
     if kind == schema.KIND_HEARTBEAT:
-        # one pass over the values: when no array is longer than the smaller cap, none is oversized
-        cap = min(cfg.max_groups_per_job, MAX_INFLIGHT_OPS)
-        if any(len(v) > cap for v in a.values() if type(v) is list):
-            oversized = _oversized_heartbeat(a, cfg)
-            if oversized:
-                return oversized
+        oversized = _oversized_heartbeat(a, cfg)
+        if oversized:
+            return oversized
         members = a.get(schema.ATTR_HB_GROUP_RANKS)
-        if isinstance(members, list) and _bad_member_lists(members, limit, cfg):
+        if isinstance(members, list) and _bad_list("members", members, limit, cfg):
             return REJECT_BAD_GROUP_RANKS
         peers = a.get(schema.ATTR_HB_INFLIGHT_PEERS)
-        if isinstance(peers, list) and peers and any(_peer_bad(p, limit) for p in peers):
+        if isinstance(peers, list) and peers and _bad_list("peers", peers, limit, cfg):
             return REJECT_PEER_OUT_OF_WORLD
     elif kind == schema.KIND_COLLECTIVE:
         if _bad_ranks(a.get(schema.ATTR_GROUP_RANKS), limit, cfg):
@@ -141,8 +175,7 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | N
 
 
 def run_of(record: SpanRecord) -> str:
-    value = record.resource.get(schema.RES_RUN_ID)
-    return str(value)[:128] if value is not None else ""
+    return resource_facts(record.resource)[1]
 
 
 def _base_and_restart(run: str) -> tuple[str, int | None]:

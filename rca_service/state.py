@@ -494,9 +494,7 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
             continue
         if at > job.last_seen:
             job.last_seen = at
-        world = record.resource.get(schema.RES_WORLD_SIZE, 0)
-        if type(world) is not int:
-            world = _int(world, 0)
+        world = admission.resource_facts(record.resource)[2]
         if world > job.world_size:
             job.world_size = world
         rank = _rank_state(job, record, rank_id, at)
@@ -512,8 +510,9 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
 def _job_for(jobs: dict[str, JobState], record: SpanRecord, at: float, cfg: AnalysisConfig,
              evicted: list[str] | None) -> JobState:
     """The state of the record's run: a second live run under the same job id gets its own."""
-    key = job_id = record.job_id
-    run, world = admission.run_of(record), admission.world_of(record)
+    job_attr = record.attributes.get(schema.RES_JOB_ID)
+    resource_job, run, world = admission.resource_facts(record.resource)
+    key = job_id = resource_job if job_attr is None else str(job_attr)
     job = jobs.get(key)
     if job is not None and not admission.same_run(job.run_id, job.world_size, run, world):
         quiet = at - job.last_seen > admission.QUIET_INTERVALS * job.max_interval()

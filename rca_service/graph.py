@@ -10,6 +10,7 @@ the hung ranks, or sink cycles (deadlock).
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from mycroft import schema
 
 from .config import AnalysisConfig
 from .state import InFlight, JobState, RankState
-from .triggers import ALIVE, LOST, UNSEEN, late
+from .triggers import ALIVE, LOST, UNSEEN
 
 Node = tuple[Any, ...]
 
@@ -35,6 +36,7 @@ class WaitForGraph:
     graph: nx.DiGraph
     waiting: set[int]  # hung ranks the analysis starts from
     data_sinks: set[Node] = field(default_factory=set)  # ops everyone issued that do not complete
+    sizes: list[int] = field(default_factory=list)  # [nodes, edges, rank nodes] once summary() counted them
 
 
 def _blocks_collective(job: JobState, member: int, status: str, gid: str, seq: int) -> bool:
@@ -57,6 +59,45 @@ def _p2p_blocker(job: JobState, me: RankState, op: InFlight, status: dict[int, s
     return peer.p2p_issued.get(key, 0) < op.seq
 
 
+Shape = tuple[int, str, int, int, str]  # (rank, group id, seq, peer, op) of one in-flight op of a graphed rank
+
+
+def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig,
+             fresh_after: float) -> tuple[list[RankState], list[Shape]]:
+    """The ranks that get outgoing edges (alive, an op in flight, a heartbeat neither late nor
+    older than `fresh_after`) and the shape of their in-flight ops, in one sweep."""
+    ranks: list[RankState] = []
+    shape: list[Shape] = []
+    heartbeats = job.heartbeats > 0
+    intervals, slack = cfg.suspect_intervals, cfg.suspect_slack_s
+    for rank in job.ranks.values():
+        inflight = rank.inflight
+        if not inflight or status.get(rank.rank) != ALIVE:
+            continue
+        last = rank.last_hb_at
+        spoke = last or (rank.first_seen if heartbeats else 0.0)  # triggers.late(), inlined
+        if (spoke and now - spoke > intervals * rank.hb_interval + slack) or (last and last < fresh_after):
+            continue
+        ranks.append(rank)
+        shape.extend([(rank.rank, op.group_id, op.seq, op.peer, op.op) for op in inflight])
+    return ranks, shape
+
+
+@dataclass(slots=True)
+class _Built:
+    """One graph and what it was built from: the next pass reuses it while none of that changed."""
+
+    cfg: AnalysisConfig
+    ranks: list[RankState]  # the job's rank objects (a restarted process is a new object)
+    status: dict[int, str]
+    shape: list[Shape]
+    groups: list[tuple[str, Any, tuple[int, ...]]]  # (group id, its GroupState or None, its members) per op node
+    blockers: list[tuple[Node, int, InFlight | None]]  # (op node, blocking member, the p2p op) per edge out of an op
+    wf: WaitForGraph
+    waiting: set[int] = field(default_factory=set)  # of the last sinks() over it ...
+    found: list[Sink] = field(default_factory=list)  # ... and their result
+
+
 def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: float,
           cfg: AnalysisConfig, fresh_after: float = 0.0) -> WaitForGraph:
     """Edges from every rank with an op in flight; analysis starts from `waiting`.
@@ -65,13 +106,18 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: fl
     began), gets no outgoing edges: what it was waiting for is a stale snapshot, so it ends
     up a sink whose liveness the verdict then decides.
     """
+    ranks, shape = _graphed(job, status, now, cfg, fresh_after)
+    return _build(job, status, waiting, cfg, ranks, shape).wf
+
+
+def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: AnalysisConfig,
+           graphed: list[RankState], shape: list[Shape]) -> _Built:
     edges: list[tuple[Node, Node]] = []
     blockers_cache: dict[Node, list[int]] = {}
     op_nodes: set[Node] = set()
-    for rank in job.ranks.values():
-        if status.get(rank.rank) != ALIVE or not rank.inflight or late(job, rank, now, cfg) \
-                or (rank.last_hb_at and rank.last_hb_at < fresh_after):
-            continue
+    groups: list[tuple[str, Any, tuple[int, ...]]] = []
+    blocked: list[tuple[Node, int, InFlight | None]] = []
+    for rank in graphed:
         me = rank_node(rank.rank)
         for op in rank.inflight:
             if op.is_p2p:
@@ -81,6 +127,7 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: fl
                 op_nodes.add(node)
                 if _p2p_blocker(job, rank, op, status):
                     edges.append((node, rank_node(op.peer)))
+                    blocked.append((node, rank.rank, op))
                 continue
             node = ("c", op.group_id, op.seq)
             edges.append((me, node))
@@ -89,15 +136,67 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: fl
                 continue
             group = job.groups.get(op.group_id)
             members = group.ranks if group is not None else ()
+            groups.append((op.group_id, group, members))
             blockers = [m for m in members if m != rank.rank
                         and _blocks_collective(job, m, status.get(m, UNSEEN), op.group_id, op.seq)]
             blockers_cache[node] = blockers
             edges.extend((node, rank_node(m)) for m in blockers)
+            blocked.extend((node, m, None) for m in blockers)
     g = nx.DiGraph()
     g.add_edges_from(edges)
     wf = WaitForGraph(graph=g, waiting=set(waiting))
     wf.data_sinks = {n for n in op_nodes if not g._succ[n]}
-    return wf
+    return _Built(cfg, list(job.ranks.values()), status, shape, groups, blocked, wf)
+
+
+def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, built: _Built,
+                 shape: list[Shape]) -> bool:
+    """Whether `built` is the graph build() would make now.
+
+    The same rank objects with the same statuses and the same in-flight ops give the same
+    rank -> op edges. An op's blockers are members that have not completed it and are
+    dead or have not issued it; frontiers only grow (a restart is a new rank object), so a
+    member that did not block cannot start to without a status change: only the edges out
+    of op nodes need a second look (and the groups, whose members may have become known).
+    """
+    if built.cfg is not cfg or built.shape != shape or built.status != status or \
+            len(built.ranks) != len(job.ranks) or not all(map(operator.is_, built.ranks, job.ranks.values())):
+        return False
+    groups = job.groups
+    if not all(groups.get(gid) is group and (group is None or group.ranks is members)
+               for gid, group, members in built.groups):
+        return False
+    ranks = job.ranks
+    for node, member, op in built.blockers:
+        if op is None:
+            if not _blocks_collective(job, member, status.get(member, UNSEEN), node[1], node[2]):
+                return False
+        elif not _p2p_blocker(job, ranks[member], op, status):
+            return False
+    return True
+
+
+def wait_for(job: JobState, status: dict[int, str], waiting: Iterable[int], now: float, cfg: AnalysisConfig,
+             fresh_after: float = 0.0) -> tuple[WaitForGraph, list[Sink]]:
+    """build() and sinks(), reusing the last pass's graph (job.memo) while its inputs hold.
+
+    A hang freezes the frontier: pass after pass, 16k ranks report the same ops in flight,
+    and rebuilding their graph was most of a pass. What is checked instead is one sweep
+    over the ranks (who gets edges, with which ops) and the edges out of op nodes.
+    """
+    waiting = set(waiting)
+    graphed, shape = _graphed(job, status, now, cfg, fresh_after)
+    built = job.memo.get("wait_for")
+    if built is None or not _still_holds(job, status, cfg, built, shape):
+        built = job.memo["wait_for"] = _build(job, status, waiting, cfg, graphed, shape)
+        built.found = sinks(built.wf)
+        built.waiting = waiting
+    elif built.waiting != waiting:
+        old = built.wf
+        built.wf = WaitForGraph(old.graph, waiting, old.data_sinks, old.sizes)
+        built.found = sinks(built.wf)
+        built.waiting = waiting
+    return built.wf, built.found
 
 
 def _reachable(g: nx.DiGraph, sources: Iterable[Node]) -> set[Node]:
@@ -222,11 +321,12 @@ def describe(node: Node, job: JobState) -> str:
 def summary(wf: WaitForGraph, found: list[Sink], job: JobState, limit: int = 16) -> dict[str, Any]:
     """What the API shows: sizes, sinks, cycles and the chains that lead to them."""
     g = wf.graph
-    ranks = [n for n in g.nodes if n[0] == "r"]
+    if not wf.sizes:  # counted once per graph (a memoized graph is summarized every pass)
+        wf.sizes[:] = [g.number_of_nodes(), len(g.edges), sum(1 for n in g._node if n[0] == "r")]
     return {
-        "nodes": g.number_of_nodes(),
-        "edges": g.number_of_edges(),
-        "ranks": len(ranks),
+        "nodes": wf.sizes[0],
+        "edges": wf.sizes[1],
+        "ranks": wf.sizes[2],
         "waiting_ranks": len(wf.waiting),
         "sinks": [[describe(n, job) for n in s.nodes] for s in found[:limit]],
         "cycles": [[describe(n, job) for n in s.nodes] for s in found[:limit] if len(s.nodes) > 1],

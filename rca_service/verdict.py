@@ -193,8 +193,7 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
                   now: float, cfg: AnalysisConfig) -> Finding | None:
     # when the waiting began (service time): a heartbeat older than that proves nothing about now
     fresh_after = now - max(hung.values())
-    wf = wfg.build(job, status, hung, now, cfg, fresh_after)
-    found = wfg.sinks(wf)
+    wf, found = wfg.wait_for(job, status, hung, now, cfg, fresh_after)
     if not found:
         return None
     causes: list[RootCause] = []

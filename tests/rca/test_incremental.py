@@ -9,14 +9,15 @@ check the memos against changes that must invalidate them.
 
 from __future__ import annotations
 
+from mycroft.rca_service import graph as wfg
 from mycroft.rca_service import slowness
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.service import pass_wait
-from mycroft.rca_service.triggers import find_mismatches
+from mycroft.rca_service.triggers import find_mismatches, hang_threshold, hung_ranks, statuses
 
 from mycroft import schema
-from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat
+from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat, p2p
 from mycroft.otlp import DecodeCache, SpanRecord, request_from_records
 
 
@@ -113,3 +114,83 @@ def test_analysis_passes_are_spaced_to_their_share_of_a_core() -> None:
     assert pass_wait(0.01, 0.2, 0.2) == 0.2  # cheap passes: every tick
     assert abs(pass_wait(0.15, 0.2, 0.2) - 0.6) < 1e-9  # a 0.15 s pass held to 20% of a core
     assert pass_wait(0.5, 0.2, 0.0) == 0.2  # no bound
+
+
+def _graph_facts(wf: wfg.WaitForGraph, found: list[wfg.Sink]) -> tuple[object, ...]:
+    return (sorted(wf.graph.edges, key=str), sorted(wf.data_sinks, key=str), sorted(wf.waiting),
+            [(s.nodes, s.path, s.longest, s.blast) for s in found])
+
+
+def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() -> None:
+    """Pass after pass, the memoized graph (wfg.wait_for) is the one build() and sinks() make
+    from scratch: while a hang stands still it is reused; a rank that issues its op (its
+    frontier moves, not the shape of the ops in flight), one that goes silent and one that
+    restarts each change it."""
+    cfg = AnalysisConfig()
+    engine = Engine(cfg)
+    world = tuple(range(6))
+    tps = [Group(f"tp{i}", (2 * i, 2 * i + 1)) for i in range(3)]
+    everyone = Group("world", world)
+    t0 = 100.0
+
+    def beat(r: int, at: float, k: int, pid: int | None = None) -> SpanRecord:
+        tp = tps[r // 2]
+        groups = [tp, everyone]
+        if r in (2, 3):  # tp1: rank 3 has not entered seq 11 (it issues it at k 4, in flight from 5); 2 waits for it
+            ops = [] if r == 3 and k < 5 else [InFlightOp(tp, 11, age_s=at - t0 + 0.5)]
+            record = heartbeat("job", r, 6, at, k, groups, [11 if ops or k == 4 else 10, 10], [10, 10], ops,
+                               idle_s=0.0 if ops else at - t0, stack="" if ops else "  File \"x.py\", line 1, in f")
+        else:  # done with their tp seq 11, waiting in the world all-reduce 11 for ranks 2 and 3
+            record = heartbeat("job", r, 6, at, k, groups, [11, 11], [11, 10],
+                               [InFlightOp(everyone, 11, age_s=at - t0 + 0.5)])
+        if pid is not None:
+            record.resource = {**record.resource, schema.RES_PROCESS_PID: pid}
+        return record
+
+    graphs = []
+    for k in range(14):
+        at = t0 + 0.5 * k
+        silent = {5} if 6 <= k < 11 else set()
+        engine.ingest([beat(r, at, k, pid=7777 if r == 5 and k >= 11 else None)
+                       for r in world if r not in silent], at)
+        job = engine.jobs["job"]
+        status = statuses(job, at, cfg)
+        hung = hung_ranks(job, status, at, hang_threshold(job, cfg), cfg)
+        if not hung:
+            continue
+        fresh_after = at - max(hung.values())
+        memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after)
+        plain = wfg.build(job, status, hung, at, cfg, fresh_after)
+        assert _graph_facts(*memo) == _graph_facts(plain, wfg.sinks(plain)), k
+        graphs.append((k, memo[0].graph))
+    built = {k: g for k, g in graphs}
+    assert built[2] is built[3], "a hang that stands still reuses its graph"
+    assert built[4] is not built[3], "rank 3 issued its op: rank 2's op has no blocker any more"
+    assert len({id(g) for g in built.values()}) >= 4, "rank 5's silence and restart change the graph"
+
+
+def test_a_p2p_peer_that_issues_its_half_changes_the_memoized_graph() -> None:
+    """Only the peer's frontier moves (its recv's span arrives; no heartbeat changes shape):
+    the edge out of the p2p op is checked again and the graph rebuilt."""
+    cfg = AnalysisConfig()
+    engine = Engine(cfg)
+    pair = Group("pp", (0, 1))
+    sinks = {}
+    for k in range(8):
+        at = 50.0 + 0.5 * k
+        send = InFlightOp(pair, 1, op=schema.OP_SEND, peer=1, age_s=0.5 * k + 0.5)
+        records = [heartbeat("job", 0, 2, at, k, [pair], [0], [0], [send]),
+                   heartbeat("job", 1, 2, at, k, [pair], [0], [0], idle_s=0.5 * k, stack="  File \"x.py\", line 1")]
+        if k == 5:
+            records.append(p2p("job", 1, 2, pair, schema.OP_RECV, 0, 1, at - 0.2, at - 0.1))
+        engine.ingest(records, at)
+        job = engine.jobs["job"]
+        status = statuses(job, at, cfg)
+        hung = hung_ranks(job, status, at, hang_threshold(job, cfg), cfg)
+        if hung:
+            fresh_after = at - max(hung.values())
+            memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after)
+            plain = wfg.build(job, status, hung, at, cfg, fresh_after)
+            assert _graph_facts(*memo) == _graph_facts(plain, wfg.sinks(plain)), k
+            sinks[k] = [s.nodes for s in memo[1]]
+    assert sinks[4] == [[("r", 1)]] and sinks[5] != sinks[4], sinks  # the receiver issued: not the sink any more

@@ -158,8 +158,10 @@ class RcaService:
 
     def _apply(self, records: list[SpanRecord], received_at: float) -> None:
         rejected: dict[str, int] = {}
+        started = time.thread_time()
         with self._lock:
             used = self.engine.ingest(records, received_at, rejected=rejected)
+        self.metrics.inc("mycroft_rca_cpu_seconds_total", time.thread_time() - started, part="fold")
         self.metrics.inc("mycroft_rca_spans_applied_total", used)
         for reason, count in rejected.items():
             self.metrics.inc("mycroft_rca_spans_dropped_total", count, reason=reason)
@@ -211,7 +213,9 @@ class RcaService:
             except Exception:
                 log.exception("analysis pass failed")
                 self.metrics.inc("mycroft_rca_analysis_errors_total")
-            cost = 0.7 * cost + 0.3 * (time.thread_time() - started)
+            spent = time.thread_time() - started
+            self.metrics.inc("mycroft_rca_cpu_seconds_total", spent, part="analysis")
+            cost = 0.7 * cost + 0.3 * spent
             wait = pass_wait(cost, self.options.tick_s, self.options.max_analysis_share)
 
     # ------------------------------------------------------------------ API backend
@@ -253,6 +257,8 @@ class RcaService:
         m.describe("mycroft_rca_spans_dropped_total", "counter", "Spans refused or lost, by reason")
         m.describe("mycroft_rca_ingest_spans_per_second", "gauge", "Ingest rate over the last 10 s")
         m.describe("mycroft_rca_analysis_seconds", "gauge", "Duration of the last analysis pass")
+        m.describe("mycroft_rca_cpu_seconds_total", "counter",
+                   "CPU time of the service's own threads by part: fold (ingest), analysis (passes)")
         m.describe("mycroft_rca_ingest_lag_seconds", "gauge",
                    "How far the last analysis pass was behind the clock (the oldest queued record's age)")
         m.describe("mycroft_rca_incident_events_total", "counter", "Incident events by action and kind")

@@ -350,6 +350,13 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
         "op_spans_refused": total["op_refused"], "queued_max": int(max(queued, default=0)),
         "service_cpu_pct": round(100 * (cpu_window[1] - cpu0[0]) / max(1e-9, cpu_window[0] - cpu0[1]), 1)
         if cpu0[1] else None,
+        # where it goes: the fold and the analysis threads count their own CPU; the rest is the
+        # receivers (gRPC, decode), the API and the alerter
+        "service_cpu_pct_parts": {part: round(100 * (_metric(window[-1], key) - _metric(window[0], key))
+                                              / max(1e-9, window[-1]["at"] - window[0]["at"]), 1)
+                                  for part, key in (("fold", 'mycroft_rca_cpu_seconds_total{part="fold"}'),
+                                                    ("analysis", 'mycroft_rca_cpu_seconds_total{part="analysis"}'))}
+        if len(window) >= 2 else None,
         "service_cpu_us_per_applied_span": round(1e6 * cpu_in_window / applied_in_window, 1)
         if applied_in_window else None,
         "service_rss_mb": round(rss_max), "analysis_s_p50": round(statistics.median(passes), 3) if passes else None,

@@ -130,6 +130,9 @@ def _attrs(kvs: Sequence[KeyValue]) -> dict[str, AttrValue]:
 VOLATILE_KEYS = frozenset({
     schema.ATTR_HB_COUNTER, schema.ATTR_HB_INFLIGHT_AGES_S, schema.ATTR_HB_COMM_S, schema.ATTR_HB_OPS_DONE,
     schema.ATTR_SEQ, schema.ATTR_CALL_S,
+    # frontiers move with every op: in a real job each rank's arrays differ (only the simulator's
+    # ranks march in step), and memoizing them would churn out the values that do repeat
+    schema.ATTR_HB_GROUP_ISSUED, schema.ATTR_HB_GROUP_COMPLETED, schema.ATTR_HB_INFLIGHT_SEQS,
 })
 
 

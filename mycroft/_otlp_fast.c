@@ -25,11 +25,12 @@ typedef struct {
     const uint8_t *end;
 } Cursor;
 
+typedef struct Memo Memo;
+
 /* What decode() was given, for the helpers. */
 typedef struct {
-    PyObject *values;      /* dict: KeyValue bytes -> (key, value) */
+    Memo *memo;            /* KeyValue bytes -> (key, value) */
     PyObject *volatile_keys; /* frozenset of keys never memoized */
-    Py_ssize_t max_entries;
     PyObject *miss;        /* DecodeCache._miss(raw) -> (key, value) */
     PyObject *resource_bytes; /* DecodeCache.resource_bytes(raw) -> dict */
     PyObject *record_type; /* SpanRecord */
@@ -38,6 +39,142 @@ typedef struct {
 } Ctx;
 
 enum { OK = 0, UNSURE = 1, ERROR = 2 }; /* UNSURE: let Python decode it; ERROR: a Python exception is set */
+
+/* ---------------------------------------------------------------------------------------
+ * Memo: decoded KeyValues by their wire bytes, looked up without making a bytes object.
+ *
+ * The same job as DecodeCache.values (a dict keyed by bytes) for the compiled path: at 16k
+ * heartbeats/s x ~21 KeyValues, allocating and hashing a bytes object per KeyValue was most of
+ * what remained of the decode. Open addressing, linear probing, power-of-two table at most half
+ * full; cleared when max_entries are held (as DecodeCache clears its dict).
+ * --------------------------------------------------------------------------------------- */
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t len;
+    char *bytes; /* NULL: empty slot */
+    PyObject *key;
+    PyObject *value;
+} Entry;
+
+struct Memo {
+    PyObject_HEAD
+    Entry *slots;
+    Py_ssize_t mask;
+    Py_ssize_t used;
+    Py_ssize_t max_entries;
+};
+
+static uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    return h ^ (h >> 29);
+}
+
+static void memo_clear_slots(Memo *m) {
+    for (Py_ssize_t i = 0; i <= m->mask; i++) {
+        Entry *e = &m->slots[i];
+        if (e->bytes != NULL) {
+            PyMem_Free(e->bytes);
+            Py_DECREF(e->key);
+            Py_DECREF(e->value);
+            e->bytes = NULL;
+        }
+    }
+    m->used = 0;
+}
+
+static Entry *memo_find(Memo *m, const uint8_t *p, Py_ssize_t n, uint64_t h) {
+    for (Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)m->mask);; i = (i + 1) & m->mask) {
+        Entry *e = &m->slots[i];
+        if (e->bytes == NULL || (e->hash == h && e->len == n && memcmp(e->bytes, p, (size_t)n) == 0)) return e;
+    }
+}
+
+static int memo_put(Memo *m, const uint8_t *p, Py_ssize_t n, uint64_t h, PyObject *key, PyObject *value) {
+    if (m->used >= m->max_entries) memo_clear_slots(m);
+    Entry *e = memo_find(m, p, n, h);
+    if (e->bytes != NULL) return 0; /* already there */
+    e->bytes = PyMem_Malloc(n ? (size_t)n : 1);
+    if (e->bytes == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(e->bytes, p, (size_t)n);
+    e->hash = h;
+    e->len = n;
+    Py_INCREF(key);
+    Py_INCREF(value);
+    e->key = key;
+    e->value = value;
+    m->used++;
+    return 0;
+}
+
+static PyObject *memo_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Py_ssize_t max_entries = 1 << 17;
+    static char *names[] = {"max_entries", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", names, &max_entries)) return NULL;
+    if (max_entries < 1 || max_entries > (1 << 26)) {
+        PyErr_SetString(PyExc_ValueError, "max_entries must be in 1 .. 2**26");
+        return NULL;
+    }
+    Py_ssize_t size = 16;
+    while (size < 2 * max_entries) size <<= 1;
+    Memo *m = (Memo *)type->tp_alloc(type, 0);
+    if (m == NULL) return NULL;
+    m->slots = PyMem_Calloc((size_t)size, sizeof(Entry));
+    if (m->slots == NULL) {
+        Py_DECREF(m);
+        return PyErr_NoMemory();
+    }
+    m->mask = size - 1;
+    m->max_entries = max_entries;
+    return (PyObject *)m;
+}
+
+static void memo_dealloc(Memo *m) {
+    if (m->slots != NULL) {
+        memo_clear_slots(m);
+        PyMem_Free(m->slots);
+    }
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static Py_ssize_t memo_len(Memo *m) { return m->used; }
+
+static PyObject *memo_clear(Memo *m, PyObject *ignored) {
+    (void)ignored;
+    memo_clear_slots(m);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef memo_methods[] = {
+    {"clear", (PyCFunction)memo_clear, METH_NOARGS, "Forget every entry."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods memo_as_sequence = {.sq_length = (lenfunc)memo_len};
+
+static PyTypeObject MemoType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mycroft._otlp_fast.Memo",
+    .tp_doc = "Memo(max_entries=131072): decoded KeyValues by their wire bytes, for decode().",
+    .tp_basicsize = sizeof(Memo),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = memo_new,
+    .tp_dealloc = (destructor)memo_dealloc,
+    .tp_methods = memo_methods,
+    .tp_as_sequence = &memo_as_sequence,
+};
 
 static int varint(Cursor *c, uint64_t *out) {
     uint64_t value = 0;
@@ -212,24 +349,16 @@ static int memoizable(Ctx *ctx, PyObject *key, PyObject *value) {
 
 /* One attribute into `attrs`: memoized by its bytes, else decoded here, else by Python. */
 static int attribute(Ctx *ctx, Cursor kv, PyObject *attrs) {
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)kv.p, kv.end - kv.p);
-    if (raw == NULL) return ERROR;
-    PyObject *hit = PyDict_GetItemWithError(ctx->values, raw); /* borrowed */
-    if (hit != NULL && PyTuple_CheckExact(hit) && PyTuple_GET_SIZE(hit) == 2) {
-        Py_DECREF(raw);
-        return PyDict_SetItem(attrs, PyTuple_GET_ITEM(hit, 0), PyTuple_GET_ITEM(hit, 1)) < 0 ? ERROR : OK;
-    }
-    if (PyErr_Occurred()) {
-        Py_DECREF(raw);
-        return ERROR;
-    }
+    Py_ssize_t n = kv.end - kv.p;
+    uint64_t h = hash_bytes(kv.p, n);
+    Entry *hit = memo_find(ctx->memo, kv.p, n, h);
+    if (hit->bytes != NULL) return PyDict_SetItem(attrs, hit->key, hit->value) < 0 ? ERROR : OK;
     PyObject *key = NULL, *value = NULL;
     int r = key_value(kv, &key, &value);
-    if (r == ERROR) {
-        Py_DECREF(raw);
-        return ERROR;
-    }
-    if (r == UNSURE) { /* Python's rules: the full decoder, its errors, its memo */
+    if (r == ERROR) return ERROR;
+    if (r == UNSURE) { /* Python's rules: the full decoder, its errors (its own memo is the dict) */
+        PyObject *raw = PyBytes_FromStringAndSize((const char *)kv.p, n);
+        if (raw == NULL) return ERROR;
         PyObject *pair = PyObject_CallOneArg(ctx->miss, raw);
         Py_DECREF(raw);
         if (pair == NULL) return ERROR;
@@ -244,13 +373,7 @@ static int attribute(Ctx *ctx, Cursor kv, PyObject *attrs) {
     }
     ctx->misses++;
     r = PyDict_SetItem(attrs, key, value);
-    if (r == 0 && memoizable(ctx, key, value)) {
-        if (PyDict_GET_SIZE(ctx->values) >= ctx->max_entries) PyDict_Clear(ctx->values);
-        PyObject *pair = PyTuple_Pack(2, key, value);
-        r = pair == NULL ? -1 : PyDict_SetItem(ctx->values, raw, pair);
-        Py_XDECREF(pair);
-    }
-    Py_DECREF(raw);
+    if (r == 0 && memoizable(ctx, key, value)) r = memo_put(ctx->memo, kv.p, n, h, key, value);
     Py_DECREF(key);
     Py_DECREF(value);
     return r < 0 ? ERROR : OK;
@@ -441,7 +564,7 @@ static int check_request(Cursor c) {
 }
 
 PyDoc_STRVAR(decode_doc,
-             "decode(payload, values, volatile_keys, max_entries, miss, resource_bytes, record_type, max_attributes)\n"
+             "decode(payload, memo, volatile_keys, miss, resource_bytes, record_type, max_attributes)\n"
              "-> (records, misses) | None\n\n"
              "ExportTraceServiceRequest bytes -> SpanRecords, as mycroft.otlp.records_from_lean gives them;\n"
              "None where the Python path must decide (unusual or malformed input).");
@@ -450,9 +573,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer payload;
     Ctx ctx = {0};
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*O!O!nOOOn", &payload, &PyDict_Type, &ctx.values, &PyFrozenSet_Type,
-                          &ctx.volatile_keys, &ctx.max_entries, &ctx.miss, &ctx.resource_bytes, &ctx.record_type,
-                          &ctx.max_attributes))
+    if (!PyArg_ParseTuple(args, "y*O!O!OOOn", &payload, &MemoType, &ctx.memo, &PyFrozenSet_Type,
+                          &ctx.volatile_keys, &ctx.miss, &ctx.resource_bytes, &ctx.record_type, &ctx.max_attributes))
         return NULL;
     Cursor c = {(const uint8_t *)payload.buf, (const uint8_t *)payload.buf + payload.len};
     PyObject *out = NULL;
@@ -493,4 +615,15 @@ static struct PyModuleDef module = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__otlp_fast(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__otlp_fast(void) {
+    if (PyType_Ready(&MemoType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&MemoType);
+    if (PyModule_AddObject(m, "Memo", (PyObject *)&MemoType) < 0) {
+        Py_DECREF(&MemoType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

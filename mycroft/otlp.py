@@ -154,6 +154,8 @@ class DecodeCache:
         self.values: dict[bytes, tuple[str, AttrValue]] = {}
         self.resources: dict[bytes, dict[str, AttrValue]] = {}
         self.misses = 0
+        # the compiled decoder's own memo (same rule, same bound): looked up without a bytes object
+        self.memo = _otlp_fast.Memo(max_entries) if _otlp_fast is not None else None
 
     def kv_bytes(self, raws: Iterable[bytes]) -> dict[str, AttrValue]:
         """Serialized KeyValues -> attributes; bytes seen before cost a lookup. (A loop here
@@ -208,8 +210,8 @@ class DecodeCache:
         that path then gives the records or the error). Raises OtlpDecodeError like it."""
         if _otlp_fast is None:
             return None
-        found = _otlp_fast.decode(payload, self.values, VOLATILE_KEYS, self.max_entries, self._miss,
-                                  self.resource_bytes, SpanRecord, MAX_ATTRIBUTES)
+        found = _otlp_fast.decode(payload, self.memo, VOLATILE_KEYS, self._miss, self.resource_bytes, SpanRecord,
+                                  MAX_ATTRIBUTES)
         if found is None:
             return None
         records, misses = found

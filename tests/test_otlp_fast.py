@@ -76,7 +76,18 @@ def test_simulated_heartbeats_and_op_spans_decode_alike() -> None:
             found = compiled_cache.decode_compiled(payload)
             assert found is not None and found == expected
     assert compiled_cache.misses == lean_cache.misses
-    assert compiled_cache.values.keys() == lean_cache.values.keys()
+    assert compiled_cache.memo is not None and len(compiled_cache.memo) == len(lean_cache.values)
+
+
+def test_the_memo_is_bounded() -> None:
+    """Full, it starts over (as DecodeCache's dict): decoding goes on, right, with a tiny memo."""
+    job = BigJob("bounded", Layout(64, 8), 10, fault_rank=5, fault_at=1_003.0)
+    lean_cache, compiled_cache = DecodeCache(), DecodeCache(max_entries=7)
+    for k in range(5):
+        job.tick(1_000.0 + k)
+        payload = job.heartbeat_bytes(list(range(64)), 1_000.0 + k)
+        assert compiled_cache.decode_compiled(payload) == records_from_lean(parse_lean(payload), lean_cache)
+        assert compiled_cache.memo is not None and len(compiled_cache.memo) <= 7
 
 
 def test_values_of_every_shape() -> None:

@@ -22,7 +22,7 @@ from mycroft import schema
 
 from .config import AnalysisConfig
 from .state import InFlight, JobState, RankState
-from .triggers import ALIVE, LOST, UNSEEN
+from .triggers import ALIVE, LOST, UNSEEN, HangSweep
 
 Node = tuple[Any, ...]
 
@@ -177,15 +177,21 @@ def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, bui
 
 
 def wait_for(job: JobState, status: dict[int, str], waiting: Iterable[int], now: float, cfg: AnalysisConfig,
-             fresh_after: float = 0.0) -> tuple[WaitForGraph, list[Sink]]:
+             fresh_after: float = 0.0, sweep: HangSweep | None = None) -> tuple[WaitForGraph, list[Sink]]:
     """build() and sinks(), reusing the last pass's graph (job.memo) while its inputs hold.
 
     A hang freezes the frontier: pass after pass, 16k ranks report the same ops in flight,
     and rebuilding their graph was most of a pass. What is checked instead is one sweep
-    over the ranks (who gets edges, with which ops) and the edges out of op nodes.
+    over the ranks (who gets edges, with which ops) and the edges out of op nodes; the
+    trigger's sweep (triggers.hang_sweep) already found who gets edges when it saw every
+    rank with an op in flight and none of them is older than `fresh_after`.
     """
     waiting = set(waiting)
-    graphed, shape = _graphed(job, status, now, cfg, fresh_after)
+    if sweep is not None and sweep.watched is not None and sweep.oldest_heartbeat >= fresh_after:
+        graphed = sweep.watched
+        shape = [(rank.rank, op.group_id, op.seq, op.peer, op.op) for rank in graphed for op in rank.inflight]
+    else:
+        graphed, shape = _graphed(job, status, now, cfg, fresh_after)
     built = job.memo.get("wait_for")
     if built is None or not _still_holds(job, status, cfg, built, shape):
         built = job.memo["wait_for"] = _build(job, status, waiting, cfg, graphed, shape)

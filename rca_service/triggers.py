@@ -7,6 +7,7 @@ when something is actually stuck.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -92,27 +93,52 @@ def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: flo
     an op its snapshot already saw in flight for a quarter of it can be convicted before the
     next heartbeat says how old it really is.
     """
+    return hang_sweep(job, status, now, threshold, cfg).hung
+
+
+@dataclass(slots=True)
+class HangSweep:
+    """hung_ranks() and what its sweep saw on the way, for the wait-for graph (graph.wait_for)."""
+
+    hung: dict[int, float]
+    # every alive, not late rank with an op in flight, in job order; None when the sweep
+    # skipped ranks whose ops were all young before looking at their status
+    watched: list[RankState] | None
+    oldest_heartbeat: float  # the oldest last heartbeat (received time, > 0) among `watched`
+
+
+def hang_sweep(job: JobState, status: dict[int, str], now: float, threshold: float,
+               cfg: AnalysisConfig) -> HangSweep:
+    """One sweep over every rank (16k at scale, every pass): the cheap tests first, one op inlined."""
     hung: dict[int, float] = {}
+    watched: list[RankState] | None = []
+    oldest = math.inf
     reach = 0.75 * threshold
     young = threshold - reach  # an op seen this young cannot be extrapolated past the threshold
     heartbeats = job.heartbeats > 0
     intervals, slack = cfg.suspect_intervals, cfg.suspect_slack_s
     for rank_id, rank in job.ranks.items():
-        # one sweep over every rank each pass (16k at scale): the cheap tests first, one op inlined
         inflight = rank.inflight
         if not inflight:
             continue
         if len(inflight) == 1:
             op = inflight[0]
             if op.age_s <= young:
+                watched = None
                 continue
         elif all(op.age_s <= young for op in inflight):
+            watched = None
             continue
         if status.get(rank_id) != ALIVE:
             continue
-        spoke = rank.last_hb_at or (rank.first_seen if heartbeats else 0.0)  # late(), inlined
+        last = rank.last_hb_at
+        spoke = last or (rank.first_seen if heartbeats else 0.0)  # late(), inlined
         if spoke and now - spoke > intervals * rank.hb_interval + slack:
             continue
+        if watched is not None:
+            watched.append(rank)
+            if last and last < oldest:
+                oldest = last
         if len(inflight) == 1:  # the rule below for one op, without the builtin calls
             age, since = op.age_s, now - op.observed_at
             if since < 0.0:
@@ -123,7 +149,7 @@ def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: flo
         seen = max(op.age_s + min(max(0.0, now - op.observed_at), reach) for op in inflight)
         if seen > threshold:
             hung[rank_id] = max(op.age_at(now) for op in inflight)
-    return hung
+    return HangSweep(hung, watched, oldest)
 
 
 # --------------------------------------------------------------------------------------
@@ -173,6 +199,14 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
                 continue  # found agreeing and without failures, and unchanged since (16k sigs per world seq)
             first = next(iter(sigs.values()), None)
             if first is None:
+                continue
+            clean = rec.clean
+            # found clean, and since then every change (one version each) added a member's signature,
+            # none overwrote one: only the new ones need comparing (heartbeats add 16k of them to a
+            # world seq over a second; each pass used to compare them all again)
+            if clean is not None and mark[2] == clean[2] and mark[0] - clean[0] == mark[1] - clean[1] and \
+                    not any(_differs(first, s) for s in itertools.islice(sigs.values(), clean[1], None)):
+                rec.clean = mark
                 continue
             if len(sigs) >= 2 and any(_differs(first, s) for s in sigs.values()):
                 found.append(_split(group, seq, sigs))

@@ -47,12 +47,13 @@ from .triggers import (
     EXITED,
     LOST,
     UNSEEN,
+    HangSweep,
     Mismatch,
     find_digest_mismatches,
     find_mismatches,
     find_slowdowns,
+    hang_sweep,
     hang_threshold,
-    hung_ranks,
     lost_after,
     spoke_at,
     statuses,
@@ -190,10 +191,10 @@ def _op_members(job: JobState, node: wfg.Node) -> list[int]:
 
 
 def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
-                  now: float, cfg: AnalysisConfig) -> Finding | None:
+                  now: float, cfg: AnalysisConfig, sweep: HangSweep | None = None) -> Finding | None:
     # when the waiting began (service time): a heartbeat older than that proves nothing about now
     fresh_after = now - max(hung.values())
-    wf, found = wfg.wait_for(job, status, hung, now, cfg, fresh_after)
+    wf, found = wfg.wait_for(job, status, hung, now, cfg, fresh_after, sweep)
     if not found:
         return None
     causes: list[RootCause] = []
@@ -359,6 +360,8 @@ def _error_text(job: JobState, rank: int, gid: str, seq: int) -> str:
 
 
 def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
+    if LOST not in status.values():  # a scan in C: nobody is lost in almost every pass
+        return None
     lost = [r for r, s in status.items() if s == LOST]
     if not lost:
         return None
@@ -495,16 +498,16 @@ def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]
     if mismatch is not None:
         return [mismatch]
     threshold = hang_threshold(job, cfg)
-    hung = hung_ranks(job, status, now, threshold, cfg)
+    sweep = hang_sweep(job, status, now, threshold, cfg)
+    hung = sweep.hung
     if hung:
-        hang = _hang_finding(job, status, hung, threshold, now, cfg)
+        hang = _hang_finding(job, status, hung, threshold, now, cfg, sweep)
         if hang is not None:
             return [hang]
     crash = _crash_finding(job, status, now, cfg)
     if crash is not None:
         return [crash]
-    alive = [r for r, s in status.items() if s == ALIVE]
-    if alive:
+    if ALIVE in status.values():
         slow = _slowdown_bounded(job, now, cfg)
         if slow is not None:
             return [slow]

@@ -14,7 +14,7 @@ from mycroft.rca_service import slowness
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.service import pass_wait
-from mycroft.rca_service.triggers import find_mismatches, hang_threshold, hung_ranks, statuses
+from mycroft.rca_service.triggers import find_mismatches, hang_sweep, hang_threshold, hung_ranks, statuses
 
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat, p2p
@@ -159,8 +159,9 @@ def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() 
         if not hung:
             continue
         fresh_after = at - max(hung.values())
-        memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after)
         plain = wfg.build(job, status, hung, at, cfg, fresh_after)
+        sweep = hang_sweep(job, status, at, hang_threshold(job, cfg), cfg)  # the graph takes the trigger's ranks
+        memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after, sweep if k % 2 else None)
         assert _graph_facts(*memo) == _graph_facts(plain, wfg.sinks(plain)), k
         graphs.append((k, memo[0].graph))
     built = {k: g for k, g in graphs}

@@ -20,22 +20,16 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from .config import AnalysisConfig
 from .state import JobState, RankState
+from .work_table import Windows, WorkTable, WorkWindow, work_table, work_window
 
-
-@dataclass(slots=True)
-class WorkWindow:
-    """One rank's compute share (1 - comm time / elapsed) over its recent and baseline heartbeats."""
-
-    rank: int
-    base: float
-    recent: float
-    recent_intervals: list[float]  # per-interval compute shares (progressing intervals only)
-    base_rate: float  # ops completed per second
-    recent_rate: float
-    recent_span: tuple[float, float]  # rank-clock time range of the recent window
+__all__ = ["Straggle", "WorkWindow", "find_straggle", "job_slowdown", "job_wait_growth", "peer_groups",
+           "work_window"]
 
 
 @dataclass(slots=True)
@@ -48,61 +42,6 @@ class Straggle:
     own: WorkWindow
     peers: list[int] = field(default_factory=list)
     victims: list[dict[str, object]] = field(default_factory=list)
-
-
-def _share(samples: list[tuple[float, float, int]]) -> tuple[float, float] | None:
-    """(compute share, op rate) between the first and last sample, progressing intervals only."""
-    busy = elapsed = 0.0
-    ops = 0
-    for (t0, c0, n0), (t1, c1, n1) in itertools.pairwise(samples):
-        if n1 <= n0 or t1 <= t0 or n0 == 0:
-            continue  # no op completed: paused (or hung), not slow; or start-up (ranks still joining)
-        busy += max(0.0, c1 - c0)
-        elapsed += t1 - t0
-        ops += n1 - n0
-    if elapsed <= 0:
-        return None
-    return max(0.0, 1.0 - min(1.0, busy / elapsed)), ops / elapsed
-
-
-def _intervals(samples: list[tuple[float, float, int]]) -> list[float]:
-    out = []
-    for (t0, c0, n0), (t1, c1, n1) in itertools.pairwise(samples):
-        if n1 > n0 and t1 > t0 and n0 > 0:
-            out.append(max(0.0, 1.0 - min(1.0, (c1 - c0) / (t1 - t0))))
-    return out
-
-
-def work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow | None:
-    """The last `beats` intervals, and the baseline before them where there is one (nan otherwise).
-
-    Memoized on the rank (rank.windows): its samples change only when a heartbeat adds one
-    (strictly newer, so length and last sample say "unchanged"); a 16k-rank pass otherwise
-    recomputes 16k windows that did not move since the last pass.
-    """
-    work = rank.work
-    key = (len(work), work[-1] if work else None)
-    found = rank.windows.get(beats)
-    if found is not None and found[0] is cfg and found[1] == key:
-        return found[2]
-    window = _work_window(rank, cfg, beats)
-    rank.windows[beats] = (cfg, key, window)
-    return window
-
-
-def _work_window(rank: RankState, cfg: AnalysisConfig, beats: int) -> WorkWindow | None:
-    samples = [s for s in rank.work if s[2] > 0] or list(rank.work)[-1:]  # from the first op on
-    if len(samples) < beats + 1:
-        return None
-    recent = samples[-(beats + 1):]
-    r = _share(recent)
-    intervals = _intervals(recent)
-    if r is None or len(intervals) < cfg.straggle_persistence * beats:
-        return None  # the window holds a pause (checkpoint, evaluation, a hang): not a verdict on speed
-    base = samples[-(beats + cfg.slow_base_beats + 1):-beats]
-    b = _share(base) if len(base) >= cfg.slow_base_min_beats + 1 else None
-    return WorkWindow(rank.rank, b[0] if b else math.nan, r[0], intervals, b[1] if b else math.nan,
-                      r[1], (recent[0][0], recent[-1][0]))
 
 
 def peer_groups(job: JobState) -> dict[int, list[frozenset[int]]]:
@@ -181,51 +120,105 @@ def job_wait_growth(job: JobState, cfg: AnalysisConfig) -> tuple[float, float] |
     A transport slowdown makes every rank wait more; without that, slower intervals between a
     group's collectives are noise (small ops after an evaluation phase, say).
     """
-    windows = [w for rank in job.ranks.values() if (w := work_window(rank, cfg, cfg.slow_recent_beats)) is not None
-               and not math.isnan(w.base)]
-    if len(windows) < 2:
+    w = work_table(job, cfg).windows(cfg.slow_recent_beats)
+    based = w.ok & ~np.isnan(w.base)
+    if np.count_nonzero(based) < 2:
         return None
-    drop = statistics.median(w.base - w.recent for w in windows)
-    recent_rate = statistics.median(w.recent_rate for w in windows)
-    base_rate = statistics.median(w.base_rate for w in windows)
+    drop = _median(w.base[based] - w.recent[based])
+    recent_rate = _median(w.recent_rate[based])
+    base_rate = _median(w.base_rate[based])
     return drop, (base_rate / recent_rate if recent_rate > 0 else 1.0)
 
 
-def _slowdown(windows: dict[int, WorkWindow]) -> float:
+def _median(values: np.ndarray) -> float:
+    """statistics.median of the values (the middle one, or the mean of the middle two)."""
+    return float(np.median(values))
+
+
+def _slowdown(w: Windows) -> float:
     """Job op rate, baseline over recent (medians over the ranks; 1.0 without a baseline)."""
-    based = [w.base_rate for w in windows.values() if not math.isnan(w.base)]
-    if not windows or not based:
+    based = w.ok & ~np.isnan(w.base)
+    if not w.ok.any() or not based.any():
         return 1.0
-    recent_rate = statistics.median(w.recent_rate for w in windows.values())
-    return statistics.median(based) / recent_rate if recent_rate > 0 else 1.0
+    recent_rate = _median(w.recent_rate[w.ok])
+    return _median(w.base_rate[based]) / recent_rate if recent_rate > 0 else 1.0
 
 
 def job_slowdown(job: JobState, cfg: AnalysisConfig, beats: int) -> float:
     """How much slower the job completes ops over its last `beats` intervals than before."""
-    return _slowdown({r: w for r, rank in job.ranks.items() if (w := work_window(rank, cfg, beats)) is not None})
+    return _slowdown(work_table(job, cfg).windows(beats))
 
 
 def _onset(job: JobState, cfg: AnalysisConfig, beats: int, min_growth: float, min_slowdown: float,
            min_persistence: float) -> Straggle | None:
     """A rank whose compute share held or grew while everyone else's fell (they wait on it)."""
-    windows = {r: w for r, rank in job.ranks.items() if (w := work_window(rank, cfg, beats)) is not None}
-    based = {r: w for r, w in windows.items() if not math.isnan(w.base)}
-    if len(based) < 2:
+    w = work_table(job, cfg).windows(beats)
+    rows = np.flatnonzero(w.ok & ~np.isnan(w.base))  # ranks with a window and its baseline, job order
+    if len(rows) < 2:
         return None
-    slowdown = _slowdown(windows)
-    growth = {r: w.recent - w.base for r, w in based.items()}
-    top = max(growth, key=growth.__getitem__)
-    rest = [r for r in growth if r != top]
-    own = based[top]
-    spread = growth[top] - statistics.median(growth[r] for r in rest)
+    slowdown = _slowdown(w)
+    growth = w.recent[rows] - w.base[rows]
+    top = int(np.argmax(growth))  # the first of the largest, as max() over the ranks in job order
+    rest = np.delete(np.arange(len(rows)), top)
+    spread = float(growth[top]) - _median(growth[rest])
     if growth[top] < -min_growth / 3 or spread < min_growth or slowdown < min_slowdown:
         return None
-    base_gap = own.base - statistics.median(based[r].base for r in rest)
-    gaps = _aligned_gaps(own, [based[r] for r in rest])
+    own = w.window(int(rows[top]))
+    assert own is not None
+    base_gap = own.base - _median(w.base[rows[rest]])
+    others = [x for r in rows[rest].tolist() if (x := w.window(r)) is not None]
+    gaps = _aligned_gaps(own, others)
     persistence = _persistence([g - base_gap for g in gaps], spread / 2)
     if persistence < min_persistence:
         return None
-    return Straggle(top, "onset", spread, persistence, slowdown, own, victims=_victims(job, windows, top))
+    return Straggle(own.rank, "onset", spread, persistence, slowdown, own, victims=_victims(job, w.as_dict(), own.rank))
+
+
+@dataclass(slots=True)
+class _PeerRows:
+    """peer_groups() as rows of the work table: its groups bucketed by size, per row a flag."""
+
+    groups: Any  # the peer_groups() result this was built from
+    ranks: list[RankState]  # the table's ranks it was built for ...
+    rows: int  # ... and how many they were
+    buckets: list[np.ndarray]  # (groups of that size, size) member rows; len(ranks) for a rank with no row
+    grouped: np.ndarray  # bool per row: the rank has minimal groups
+    disjoint: np.ndarray  # bool per row: its groups share no one but itself
+
+
+def _peer_rows(job: JobState, table: WorkTable, groups: dict[int, list[frozenset[int]]]) -> _PeerRows:
+    found = job.memo.get("peer_rows")
+    if isinstance(found, _PeerRows) and found.groups is groups and found.ranks is table.ranks and \
+            found.rows == len(table.ranks):
+        return found
+    missing = len(table.ranks)
+    sizes: dict[int, list[list[int]]] = defaultdict(list)
+    for g in {g for mine in groups.values() for g in mine}:
+        sizes[len(g)].append([table.row_of.get(p, missing) for p in g])
+    grouped = np.zeros(missing, dtype=bool)
+    disjoint = np.zeros(missing, dtype=bool)
+    for rank, mine in groups.items():
+        row = table.row_of.get(rank)
+        if row is not None and mine:
+            grouped[row] = True
+            disjoint[row] = all(len(a & b) <= 1 for a, b in itertools.combinations(mine, 2))
+    rows = _PeerRows(groups, table.ranks, missing, [np.asarray(m, dtype=np.int64) for m in sizes.values()],
+                     grouped, disjoint)
+    job.memo["peer_rows"] = rows
+    return rows
+
+
+def _lowest_floors(w: Windows, peers: _PeerRows) -> np.ndarray:
+    """Per row: the lowest _median_floor over its groups of their members' recent compute shares."""
+    recent = np.append(w.recent, np.nan)  # the slot of members without a row: no window
+    lowest = np.full(len(recent), np.inf)
+    for members in peers.buckets:
+        values = np.sort(recent[members], axis=1)  # nan (no window) sorts last
+        counts = np.count_nonzero(~np.isnan(values), axis=1)
+        at = np.maximum(counts - 2, 0) // 2
+        floors = np.where(counts >= 2, values[np.arange(len(values)), at], np.inf)
+        np.minimum.at(lowest, members.ravel(), np.repeat(floors, members.shape[1]))
+    return lowest[:-1]
 
 
 def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
@@ -243,34 +236,33 @@ def find_straggle(job: JobState, cfg: AnalysisConfig) -> Straggle | None:
     if onset is not None:
         return onset
     # imbalance: a rank computing more than the ranks that do the same work (a longer window)
-    windows = {r: w for r, rank in job.ranks.items()
-               if (w := work_window(rank, cfg, cfg.imbalance_beats)) is not None}
-    if len(windows) < 2:
+    table = work_table(job, cfg)
+    w = table.windows(cfg.imbalance_beats)
+    if np.count_nonzero(w.ok) < 2:
         return None
-    slowdown = _slowdown(windows)
+    slowdown = _slowdown(w)
     groups = peer_groups(job)
+    peers = _peer_rows(job, table, groups)
     # a rank can only exceed its peers' median by as much as it exceeds the lowest of its groups'
     # medians (when its groups share no one but itself): most ranks are ruled out without a union
-    unique = {g for mine in groups.values() for g in mine}
-    floors = {g: _median_floor(sorted(windows[p].recent for p in g if p in windows)) for g in unique}
+    ruled_out = peers.disjoint & (w.recent - _lowest_floors(w, peers) < cfg.imbalance_min_excess)
+    recent, ok, row_of = w.recent.tolist(), w.ok.tolist(), table.row_of
     best: Straggle | None = None
-    for r, w in windows.items():
+    for row in np.flatnonzero(w.ok & peers.grouped & ~ruled_out).tolist():
+        r = table.ranks[row].rank
         mine = groups.get(r, [])
-        if not mine:
-            continue
-        disjoint = all(len(a & b) <= 1 for a, b in itertools.combinations(mine, 2))
-        if disjoint and w.recent - min(floors[g] for g in mine) < cfg.imbalance_min_excess:
-            continue
-        mates = sorted({p for g in mine for p in g if p != r and p in windows})
+        mates = sorted({p for g in mine for p in g if p != r and p in row_of and ok[row_of[p]]})
         if not mates:
             continue
-        reference = statistics.median(windows[p].recent for p in mates)
-        excess = w.recent - reference
+        reference = statistics.median(recent[row_of[p]] for p in mates)
+        excess = recent[row] - reference
         if excess < cfg.imbalance_min_excess or (best is not None and excess <= best.excess):
             continue
-        per_interval = [f - reference for f in w.recent_intervals]
+        own = w.window(row)
+        assert own is not None
+        per_interval = [f - reference for f in own.recent_intervals]
         persistence = _persistence(per_interval, excess / 2)
         if persistence >= cfg.straggle_persistence:
-            best = Straggle(r, "imbalance", excess, persistence, slowdown, w, mates,
-                            victims=_victims(job, windows, r))
+            best = Straggle(r, "imbalance", excess, persistence, slowdown, own, mates,
+                            victims=_victims(job, w.as_dict(), r))
     return best

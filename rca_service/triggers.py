@@ -363,6 +363,8 @@ def _last_arrivals(window: list[tuple[int, float, dict[int, float], float]]) -> 
 def find_slowdowns(job: JobState, cfg: AnalysisConfig) -> list[Slowdown]:
     found: list[Slowdown] = []
     for group in job.groups.values():
+        if not group.durations:
+            continue  # no op span completed in it (heartbeats only): no seq every member reported
         seqs = _complete_seqs(group)
         if len(seqs) < cfg.slow_window + 2:
             continue

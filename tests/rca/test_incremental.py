@@ -9,12 +9,17 @@ check the memos against changes that must invalidate them.
 
 from __future__ import annotations
 
+import math
+import random
+
 from mycroft.rca_service import graph as wfg
 from mycroft.rca_service import slowness
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.service import pass_wait
+from mycroft.rca_service.state import JobState
 from mycroft.rca_service.triggers import find_mismatches, hang_sweep, hang_threshold, hung_ranks, statuses
+from mycroft.rca_service.work_table import _work_window, work_table
 
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat, p2p
@@ -195,3 +200,85 @@ def test_a_p2p_peer_that_issues_its_half_changes_the_memoized_graph() -> None:
             assert _graph_facts(*memo) == _graph_facts(plain, wfg.sinks(plain)), k
             sinks[k] = [s.nodes for s in memo[1]]
     assert sinks[4] == [[("r", 1)]] and sinks[5] != sinks[4], sinks  # the receiver issued: not the sink any more
+
+
+def _windows_agree(job: JobState, cfg: AnalysisConfig) -> int:
+    """Every rank's window in the work table is the one work_window() computes (repr: exact, nan too)."""
+    table = work_table(job, cfg)
+    compared = 0
+    for beats in sorted({cfg.straggle_fast_beats, cfg.slow_recent_beats, cfg.imbalance_beats, cfg.slow_link_beats}):
+        windows = table.windows(beats)
+        for row, rank in enumerate(table.ranks):
+            expected = _work_window(rank, cfg, beats)
+            assert repr(windows.window(row)) == repr(expected), (rank.rank, beats)
+            compared += expected is not None
+    return compared
+
+
+def test_the_work_table_computes_every_ranks_window_as_work_window_does() -> None:
+    """Refreshed pass after pass through awkward histories: ranks that join late, a restart, a rank
+    whose ops count goes back to zero, one that stalls (no op completes), comm time that runs
+    backwards or is not a number, and more samples between two refreshes than a deque holds."""
+    cfg = AnalysisConfig()
+    engine = Engine(cfg)
+    job = StepJob("job", 6)
+    rng = random.Random(7)
+    compared = 0
+    comm = dict.fromkeys(range(6), 0.0)
+    ops = dict.fromkeys(range(6), 0)
+    for k in range(90):
+        at = 100.0 + k
+        records = []
+        for r in range(6):
+            if r == 5 and k < 12:
+                continue  # joins late
+            pid = 4242 if r == 4 and k >= 30 else None  # restarts: a new RankState, frontiers start over
+            if r == 4 and k == 30:
+                comm[r], ops[r] = 0.0, 0
+            step = 0.0 if r == 2 and 20 <= k < 26 else rng.uniform(0.1, 0.9)  # rank 2 stalls a while
+            comm[r] += step * (3.0 if r == 1 and k > 40 else 1.0)  # rank 1 waits more: its share falls
+            ops[r] += 0 if (r == 2 and 20 <= k < 26) or k < 2 else rng.randint(5, 15)
+            value: float = comm[r]
+            if r == 3 and k in (50, 51):
+                value = comm[r] - 5.0 if k == 50 else math.nan  # runs backwards, then is not a number
+            done = 0 if r == 0 and 60 <= k < 63 else ops[r]  # rank 0's count goes back to 0 for a while
+            record = heartbeat("job", r, 6, at, k, [job.group], [job.seq], [job.seq], interval=1.0)
+            record.attributes[schema.ATTR_HB_COMM_S] = value
+            record.attributes[schema.ATTR_HB_OPS_DONE] = done
+            if pid is not None:
+                record.resource = {**record.resource, schema.RES_PROCESS_PID: pid}
+            records.append(record)
+        engine.ingest(records, at)
+        if k % 3 == 0 or k > 84 or 40 < k < 45:
+            compared += _windows_agree(engine.jobs["job"], cfg)
+        if k == 45:
+            for burst in range(45):  # 45 more samples of rank 5 before the next refresh: its deque turned over
+                extra = heartbeat("job", 5, 6, at + 0.01 * (burst + 1), 1000 + burst, [job.group], [job.seq],
+                                  [job.seq], interval=1.0)
+                extra.attributes[schema.ATTR_HB_COMM_S] = comm[5] + 0.001 * burst
+                extra.attributes[schema.ATTR_HB_OPS_DONE] = ops[5] + burst
+                extra.end_ns = int((at + 0.01 * (burst + 1)) * 1e9)
+                engine.ingest([extra], at + 0.01 * (burst + 1))
+    assert compared > 500  # most ranks had windows most of the time
+    table = engine.jobs["job"].memo["work_table"]
+    assert table.rows[0].irregular and not table.rows[1].irregular
+
+
+def test_a_clean_seq_that_gains_a_divergent_heartbeat_signature_is_a_mismatch() -> None:
+    """Heartbeats add members' signatures to a seq found clean: only the new ones are compared, and
+    a divergent one among them is still found (and the agreeing ones keep it clean)."""
+    engine = Engine()
+    group = Group("g", (0, 1, 2, 3))
+
+    def beat(r: int, op: str, at: float) -> SpanRecord:
+        return heartbeat("job", r, 4, at, int(at), [group], [5], [4], [InFlightOp(group, 5, op=op, age_s=0.1)])
+
+    engine.ingest([beat(0, schema.OP_ALL_REDUCE, 1.0), beat(1, schema.OP_ALL_REDUCE, 1.0)], 1.0)
+    state = engine.jobs["job"]
+    rec = state.groups[group.id].seqs[5]
+    assert find_mismatches(state) == [] and rec.clean == (rec.version, 2, 0)
+    engine.ingest([beat(2, schema.OP_ALL_REDUCE, 2.0)], 2.0)
+    assert find_mismatches(state) == [] and rec.clean == (rec.version, 3, 0)  # the new one agreed
+    engine.ingest([beat(3, schema.OP_BROADCAST, 3.0)], 3.0)
+    found = find_mismatches(state)
+    assert [sorted(m.minority) for m in found] == [[3]] and found[0].field == "op"

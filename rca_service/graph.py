@@ -37,6 +37,7 @@ class WaitForGraph:
     waiting: set[int]  # hung ranks the analysis starts from
     data_sinks: set[Node] = field(default_factory=set)  # ops everyone issued that do not complete
     sizes: list[int] = field(default_factory=list)  # [nodes, edges, rank nodes] once summary() counted them
+    drawn: list[Any] = field(default_factory=list)  # graph_view.hang_view's condensed drawing of it, once drawn
 
 
 def _blocks_collective(job: JobState, member: int, status: str, gid: str, seq: int) -> bool:

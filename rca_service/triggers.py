@@ -188,19 +188,19 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
     """
     found: list[Mismatch] = []
     for group in job.groups.values():
-        if len(group.seqs) == 0:
+        seqs = group.seqs
+        if not seqs:
             continue
-        newest = sorted(group.seqs)[-recent:]
-        for seq in newest:
-            rec = group.seqs[seq]
+        for seq in sorted(seqs)[-recent:]:
+            rec = seqs[seq]
+            clean = rec.clean
+            if clean is not None and clean[0] == rec.version:
+                continue  # found agreeing and without failures, and unchanged since (every change bumps the version)
             sigs = rec.sigs
             mark = (rec.version, len(sigs), len(rec.states))
-            if rec.clean == mark:
-                continue  # found agreeing and without failures, and unchanged since (16k sigs per world seq)
             first = next(iter(sigs.values()), None)
             if first is None:
                 continue
-            clean = rec.clean
             # found clean, and since then every change (one version each) added a member's signature,
             # none overwrote one: only the new ones need comparing (heartbeats add 16k of them to a
             # world seq over a second; each pass used to compare them all again)

@@ -13,7 +13,7 @@ import math
 import random
 
 from mycroft.rca_service import graph as wfg
-from mycroft.rca_service import slowness
+from mycroft.rca_service import graph_view, slowness
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.service import pass_wait
@@ -168,6 +168,10 @@ def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() 
         sweep = hang_sweep(job, status, at, hang_threshold(job, cfg), cfg)  # the graph takes the trigger's ranks
         memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after, sweep if k % 2 else None)
         assert _graph_facts(*memo) == _graph_facts(plain, wfg.sinks(plain)), k
+        causes = [{"rank": s.nodes[0][1], "kind": "x"} for s in memo[1] if s.nodes[0][0] == "r"]
+        for _ in range(2):  # drawn from scratch, then from what was kept on the graph: the same drawing
+            assert graph_view.hang_view(*memo, job, causes, at, fresh_after) == \
+                graph_view.hang_view(plain, wfg.sinks(plain), job, causes, at, fresh_after), k
         graphs.append((k, memo[0].graph))
     built = {k: g for k, g in graphs}
     assert built[2] is built[3], "a hang that stands still reuses its graph"

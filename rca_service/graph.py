@@ -10,6 +10,7 @@ the hung ranks, or sink cycles (deadlock).
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections import deque
 from collections.abc import Iterable
@@ -60,15 +61,11 @@ def _p2p_blocker(job: JobState, me: RankState, op: InFlight, status: dict[int, s
     return peer.p2p_issued.get(key, 0) < op.seq
 
 
-Shape = tuple[int, str, int, int, str]  # (rank, group id, seq, peer, op) of one in-flight op of a graphed rank
-
-
 def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig,
-             fresh_after: float) -> tuple[list[RankState], list[Shape]]:
-    """The ranks that get outgoing edges (alive, an op in flight, a heartbeat neither late nor
-    older than `fresh_after`) and the shape of their in-flight ops, in one sweep."""
+             fresh_after: float) -> list[RankState]:
+    """The ranks that get outgoing edges: alive, an op in flight, a heartbeat neither late nor
+    older than `fresh_after`."""
     ranks: list[RankState] = []
-    shape: list[Shape] = []
     heartbeats = job.heartbeats > 0
     intervals, slack = cfg.suspect_intervals, cfg.suspect_slack_s
     for rank in job.ranks.values():
@@ -80,8 +77,19 @@ def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisCon
         if (spoke and now - spoke > intervals * rank.hb_interval + slack) or (last and last < fresh_after):
             continue
         ranks.append(rank)
-        shape.extend([(rank.rank, op.group_id, op.seq, op.peer, op.op) for op in inflight])
-    return ranks, shape
+    return ranks
+
+
+_INFLIGHT = operator.attrgetter("inflight")
+_SHAPE = operator.attrgetter("seq", "group_id", "peer", "op")  # what the graph reads of an op in flight
+_FIRST = operator.itemgetter(0)
+
+
+def _same_shape(ops: list[InFlight], before: list[InFlight]) -> bool:
+    """The same ops in flight (what the graph reads of them; their ages may differ)."""
+    if len(ops) != len(before):
+        return False
+    return all(_SHAPE(a) == _SHAPE(b) for a, b in zip(ops, before, strict=True))
 
 
 @dataclass(slots=True)
@@ -91,11 +99,12 @@ class _Built:
     cfg: AnalysisConfig
     ranks: list[RankState]  # the job's rank objects (a restarted process is a new object)
     status: dict[int, str]
-    shape: list[Shape]
+    graphed: list[RankState]  # the ranks with edges out ...
+    inflight: list[list[InFlight]]  # ... and their ops in flight as last seen (the fold replaces the list)
     groups: list[tuple[str, Any, tuple[int, ...]]]  # (group id, its GroupState or None, its members) per op node
     blockers: list[tuple[Node, int, InFlight | None]]  # (op node, blocking member, the p2p op) per edge out of an op
     wf: WaitForGraph
-    waiting: set[int] = field(default_factory=set)  # of the last sinks() over it ...
+    waiting: set[int] | frozenset[int] = field(default_factory=set)  # of the last sinks() over it ...
     found: list[Sink] = field(default_factory=list)  # ... and their result
 
 
@@ -107,12 +116,11 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: fl
     began), gets no outgoing edges: what it was waiting for is a stale snapshot, so it ends
     up a sink whose liveness the verdict then decides.
     """
-    ranks, shape = _graphed(job, status, now, cfg, fresh_after)
-    return _build(job, status, waiting, cfg, ranks, shape).wf
+    return _build(job, status, waiting, cfg, _graphed(job, status, now, cfg, fresh_after)).wf
 
 
 def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: AnalysisConfig,
-           graphed: list[RankState], shape: list[Shape]) -> _Built:
+           graphed: list[RankState]) -> _Built:
     edges: list[tuple[Node, Node]] = []
     blockers_cache: dict[Node, list[int]] = {}
     op_nodes: set[Node] = set()
@@ -147,22 +155,37 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
     g.add_edges_from(edges)
     wf = WaitForGraph(graph=g, waiting=set(waiting))
     wf.data_sinks = {n for n in op_nodes if not g._succ[n]}
-    return _Built(cfg, list(job.ranks.values()), status, shape, groups, blocked, wf)
+    return _Built(cfg, list(job.ranks.values()), status, graphed, list(map(_INFLIGHT, graphed)), groups, blocked,
+                  wf)
 
 
 def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, built: _Built,
-                 shape: list[Shape]) -> bool:
+                 graphed: list[RankState]) -> bool:
     """Whether `built` is the graph build() would make now.
 
-    The same rank objects with the same statuses and the same in-flight ops give the same
-    rank -> op edges. An op's blockers are members that have not completed it and are
-    dead or have not issued it; frontiers only grow (a restart is a new rank object), so a
-    member that did not block cannot start to without a status change: only the edges out
-    of op nodes need a second look (and the groups, whose members may have become known).
+    The same rank objects with the same statuses, the same of them graphed, with the same
+    ops in flight give the same rank -> op edges; a rank's ops are compared only when its
+    list is another object than last time (the fold replaces it with every heartbeat, and
+    a pass sees a few of the 16k heartbeats of a second). An op's blockers are members that
+    have not completed it and are dead or have not issued it; frontiers only grow (a restart
+    is a new rank object), so a member that did not block cannot start to without a status
+    change: only the edges out of op nodes need a second look (and the groups, whose members
+    may have become known).
     """
-    if built.cfg is not cfg or built.shape != shape or built.status != status or \
-            len(built.ranks) != len(job.ranks) or not all(map(operator.is_, built.ranks, job.ranks.values())):
+    if built.cfg is not cfg or built.status != status or len(built.ranks) != len(job.ranks) or \
+            not all(map(operator.is_, built.ranks, job.ranks.values())) or \
+            len(graphed) != len(built.graphed) or not all(map(operator.is_, graphed, built.graphed)):
         return False
+    lists = list(map(_INFLIGHT, graphed))
+    before = built.inflight
+    changed = list(itertools.compress(range(len(lists)), map(operator.is_not, lists, before)))
+    now_ops, then_ops = [lists[i] for i in changed], [before[i] for i in changed]
+    if changed and set(map(len, now_ops)) == {1} == set(map(len, then_ops)):  # one op each: compared in C
+        if list(map(_SHAPE, map(_FIRST, now_ops))) != list(map(_SHAPE, map(_FIRST, then_ops))):
+            return False
+    elif not all(map(_same_shape, now_ops, then_ops)):
+        return False
+    built.inflight = lists  # the same shapes: the next pass compares with these lists
     groups = job.groups
     if not all(groups.get(gid) is group and (group is None or group.ranks is members)
                for gid, group, members in built.groups):
@@ -187,20 +210,19 @@ def wait_for(job: JobState, status: dict[int, str], waiting: Iterable[int], now:
     trigger's sweep (triggers.hang_sweep) already found who gets edges when it saw every
     rank with an op in flight and none of them is older than `fresh_after`.
     """
-    waiting = set(waiting)
+    waiting = waiting if isinstance(waiting, set | frozenset) else set(waiting)
     if sweep is not None and sweep.watched is not None and sweep.oldest_heartbeat >= fresh_after:
         graphed = sweep.watched
-        shape = [(rank.rank, op.group_id, op.seq, op.peer, op.op) for rank in graphed for op in rank.inflight]
     else:
-        graphed, shape = _graphed(job, status, now, cfg, fresh_after)
+        graphed = _graphed(job, status, now, cfg, fresh_after)
     built = job.memo.get("wait_for")
-    if built is None or not _still_holds(job, status, cfg, built, shape):
-        built = job.memo["wait_for"] = _build(job, status, waiting, cfg, graphed, shape)
+    if built is None or not _still_holds(job, status, cfg, built, graphed):
+        built = job.memo["wait_for"] = _build(job, status, waiting, cfg, graphed)
         built.found = sinks(built.wf)
         built.waiting = waiting
-    elif built.waiting != waiting:
+    elif built.waiting is not waiting and built.waiting != waiting:
         old = built.wf
-        built.wf = WaitForGraph(old.graph, waiting, old.data_sinks, old.sizes)
+        built.wf = WaitForGraph(old.graph, set(waiting), old.data_sinks, old.sizes)
         built.found = sinks(built.wf)
         built.waiting = waiting
     return built.wf, built.found

@@ -66,6 +66,8 @@ def hang_threshold(job: JobState, cfg: AnalysisConfig) -> float:
     """Adaptive: a multiple of how long ops usually take in this job, never below the floor."""
     samples: list[float] = []
     for group in job.groups.values():
+        if not group.durations:
+            continue  # no op span completed in it (a heartbeat-only job: every group, every pass)
         samples.extend(list(group.durations)[-64:])
         if len(samples) > 4096:
             break
@@ -93,18 +95,22 @@ def hung_ranks(job: JobState, status: dict[int, str], now: float, threshold: flo
     an op its snapshot already saw in flight for a quarter of it can be convicted before the
     next heartbeat says how old it really is.
     """
-    return hang_sweep(job, status, now, threshold, cfg).hung
+    hung = hang_sweep(job, status, now, threshold, cfg).hung
+    assert hung is not None
+    return hung
 
 
 @dataclass(slots=True)
 class HangSweep:
     """hung_ranks() and what its sweep saw on the way, for the wait-for graph (graph.wait_for)."""
 
-    hung: dict[int, float]
+    waiting: frozenset[int]  # the hung ranks ...
+    oldest: float  # ... and the age of the oldest op among them (0.0 when none)
     # every alive, not late rank with an op in flight, in job order; None when the sweep
     # skipped ranks whose ops were all young before looking at their status
     watched: list[RankState] | None
     oldest_heartbeat: float  # the oldest last heartbeat (received time, > 0) among `watched`
+    hung: dict[int, float] | None = None  # hung rank -> its oldest op's age (the per-rank sweep fills it)
 
 
 def hang_sweep(job: JobState, status: dict[int, str], now: float, threshold: float,
@@ -149,7 +155,7 @@ def hang_sweep(job: JobState, status: dict[int, str], now: float, threshold: flo
         seen = max(op.age_s + min(max(0.0, now - op.observed_at), reach) for op in inflight)
         if seen > threshold:
             hung[rank_id] = max(op.age_at(now) for op in inflight)
-    return HangSweep(hung, watched, oldest)
+    return HangSweep(frozenset(hung), max(hung.values(), default=0.0), watched, oldest, hung)
 
 
 # --------------------------------------------------------------------------------------
@@ -187,11 +193,18 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
     (training repeats itself, so history says what "normal" looks like).
     """
     found: list[Mismatch] = []
-    for group in job.groups.values():
+    newest: dict[str, tuple[int, int, list[int]]] = job.memo.setdefault(f"newest_seqs/{recent}", {})
+    for gid, group in job.groups.items():
         seqs = group.seqs
         if not seqs:
             continue
-        for seq in sorted(seqs)[-recent:]:
+        # the newest seqs, sorted once per change of the window: it only grows at the end (a new
+        # seq) and then drops its oldest, so its size and last-added seq say "the same seqs"
+        last = next(reversed(seqs))
+        known = newest.get(gid)
+        if known is None or known[0] != len(seqs) or known[1] != last:
+            known = newest[gid] = (len(seqs), last, sorted(seqs)[-recent:])
+        for seq in known[2]:
             rec = seqs[seq]
             clean = rec.clean
             if clean is not None and clean[0] == rec.version:

@@ -39,6 +39,7 @@ from .findings import (
     Finding,
     RootCause,
 )
+from .rank_table import rank_table
 from .slow_links import find_slow_link
 from .slowness import find_straggle, job_slowdown, job_wait_growth
 from .state import JobState
@@ -52,11 +53,9 @@ from .triggers import (
     find_digest_mismatches,
     find_mismatches,
     find_slowdowns,
-    hang_sweep,
     hang_threshold,
     lost_after,
     spoke_at,
-    statuses,
 )
 
 
@@ -190,10 +189,11 @@ def _op_members(job: JobState, node: wfg.Node) -> list[int]:
     return [node[2], node[3]]
 
 
-def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float], threshold: float,
-                  now: float, cfg: AnalysisConfig, sweep: HangSweep | None = None) -> Finding | None:
+def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, threshold: float,
+                  now: float, cfg: AnalysisConfig) -> Finding | None:
+    hung, oldest = sweep.waiting, sweep.oldest
     # when the waiting began (service time): a heartbeat older than that proves nothing about now
-    fresh_after = now - max(hung.values())
+    fresh_after = now - oldest
     wf, found = wfg.wait_for(job, status, hung, now, cfg, fresh_after, sweep)
     if not found:
         return None
@@ -242,12 +242,11 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
     causes.sort(key=lambda rc: (-int(rc.evidence.get("blocked_ranks", 0)),
                                 spoke_at(job, job.ranks[rc.rank]) if rc.rank in job.ranks else 0.0))
     summary = wfg.summary(wf, found, job)
-    oldest = max(hung.values())
     kind = DEADLOCK if cycle and all(rc.kind == RC_DEADLOCK for rc in causes) else HANG
     names = ", ".join(f"rank {rc.rank} ({rc.kind})" if rc.rank is not None else rc.kind for rc in causes[:4])
     text = (f"{len(hung)} rank(s) stuck in communication for up to {oldest:.1f}s "
             f"(threshold {threshold:.1f}s); root cause: {names}")
-    evidence: dict[str, Any] = {"hung_ranks": sorted(hung)[:256], "threshold_s": round(threshold, 3),
+    evidence: dict[str, Any] = {"hung_ranks": _first_ranks(job, hung), "threshold_s": round(threshold, 3),
                                 "max_in_flight_s": round(oldest, 3)}
     severity, reason, pause = _hang_severity(job, causes, now, cfg) if kind == HANG else (CRITICAL, "", None)
     if pause is not None:
@@ -256,6 +255,14 @@ def _hang_finding(job: JobState, status: dict[int, str], hung: dict[int, float],
     finding = Finding(job.job_id, kind, text, causes, summary, evidence, severity, reason)
     finding.draw = lambda: graph_view.hang_view(wf, found, job, [rc.to_dict() for rc in causes], now, now - oldest)
     return finding
+
+
+def _first_ranks(job: JobState, ranks: frozenset[int], limit: int = 256) -> list[int]:
+    """sorted(ranks)[:limit], once per set (a standing hang's 16k hung ranks are the same set object)."""
+    found = job.memo.get("first_ranks")
+    if found is None or found[0] is not ranks:
+        found = job.memo["first_ranks"] = (ranks, sorted(ranks)[:limit])
+    return list(found[1])
 
 
 def _hang_severity(job: JobState, causes: list[RootCause], now: float,
@@ -494,15 +501,15 @@ def _slowdown_bounded(job: JobState, now: float, cfg: AnalysisConfig) -> Finding
 
 def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
     """State in, findings out: the primary finding first (empty when the job is healthy)."""
-    status = statuses(job, now, cfg)
+    ranks = rank_table(job)  # statuses() and hang_sweep() of every rank, re-read where the fold touched it
+    status = ranks.statuses(job, now, cfg)
     mismatch = _mismatch_finding(job, status)
     if mismatch is not None:
         return [mismatch]
     threshold = hang_threshold(job, cfg)
-    sweep = hang_sweep(job, status, now, threshold, cfg)
-    hung = sweep.hung
-    if hung:
-        hang = _hang_finding(job, status, hung, threshold, now, cfg, sweep)
+    sweep = ranks.hang_sweep(job, status, now, threshold, cfg)
+    if sweep.waiting:
+        hang = _hang_finding(job, status, sweep, threshold, now, cfg)
         if hang is not None:
             return [hang]
     crash = _crash_finding(job, status, now, cfg)

@@ -16,6 +16,7 @@ from mycroft.rca_service import graph as wfg
 from mycroft.rca_service import graph_view, slowness
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
+from mycroft.rca_service.rank_table import rank_table
 from mycroft.rca_service.service import pass_wait
 from mycroft.rca_service.state import JobState
 from mycroft.rca_service.triggers import find_mismatches, hang_sweep, hang_threshold, hung_ranks, statuses
@@ -146,8 +147,9 @@ def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() 
             record = heartbeat("job", r, 6, at, k, groups, [11 if ops or k == 4 else 10, 10], [10, 10], ops,
                                idle_s=0.0 if ops else at - t0, stack="" if ops else "  File \"x.py\", line 1, in f")
         else:  # done with their tp seq 11, waiting in the world all-reduce 11 for ranks 2 and 3
-            record = heartbeat("job", r, 6, at, k, groups, [11, 11], [11, 10],
-                               [InFlightOp(everyone, 11, age_s=at - t0 + 0.5)])
+            seq = 12 if r == 4 and k in (8, 9) else 11  # (rank 4 reports another op for two beats: same ranks graphed)
+            record = heartbeat("job", r, 6, at, k, groups, [11, seq], [11, 10],
+                               [InFlightOp(everyone, seq, age_s=at - t0 + 0.5)])
         if pid is not None:
             record.resource = {**record.resource, schema.RES_PROCESS_PID: pid}
         return record
@@ -176,7 +178,8 @@ def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() 
     built = {k: g for k, g in graphs}
     assert built[2] is built[3], "a hang that stands still reuses its graph"
     assert built[4] is not built[3], "rank 3 issued its op: rank 2's op has no blocker any more"
-    assert len({id(g) for g in built.values()}) >= 4, "rank 5's silence and restart change the graph"
+    assert built[8] is not built[7], "rank 4 is in another op: its edge changed"
+    assert len({id(g) for g in built.values()}) >= 5, "rank 5's silence and restart change the graph"
 
 
 def test_a_p2p_peer_that_issues_its_half_changes_the_memoized_graph() -> None:
@@ -286,3 +289,84 @@ def test_a_clean_seq_that_gains_a_divergent_heartbeat_signature_is_a_mismatch() 
     engine.ingest([beat(3, schema.OP_BROADCAST, 3.0)], 3.0)
     found = find_mismatches(state)
     assert [sorted(m.minority) for m in found] == [[3]] and found[0].field == "op"
+
+
+def test_the_fold_replaces_ops_in_flight_and_appends_work_samples() -> None:
+    """What the analysis memos rely on (graph.wait_for, work_table.WorkTable): every folded
+    heartbeat gives a rank a new in-flight list (never one changed in place), and its work
+    samples are appended to the same deque."""
+    engine = Engine()
+    group = Group("g", (0, 1))
+    lists, deques = [], []
+    for k in range(3):  # the same heartbeat content each time
+        record = heartbeat("job", 0, 2, 10.0 + k, k, [group], [5], [4], [InFlightOp(group, 5, age_s=0.2)])
+        record.attributes[schema.ATTR_HB_COMM_S] = 0.5 * k
+        record.attributes[schema.ATTR_HB_OPS_DONE] = 3 * k + 1
+        engine.ingest([record], 10.0 + k)
+        rank = engine.jobs["job"].ranks[0]
+        lists.append(rank.inflight)
+        deques.append(rank.work)
+    assert len({id(x) for x in lists}) == 3 and [len(x) for x in lists] == [1, 1, 1]
+    assert deques[0] is deques[2] and len(deques[2]) == 3
+
+
+def _sweeps_agree(job: JobState, now: float, cfg: AnalysisConfig) -> tuple[int, bool]:
+    """The rank table's statuses and hang sweep are the reference's (triggers.py)."""
+    table = rank_table(job)
+    status = table.statuses(job, now, cfg)
+    assert status == statuses(job, now, cfg)
+    threshold = hang_threshold(job, cfg)
+    mine = table.hang_sweep(job, status, now, threshold, cfg, with_ages=True)
+    theirs = hang_sweep(job, status, now, threshold, cfg)
+    assert mine.hung is not None and theirs.hung is not None
+    assert mine.hung == theirs.hung and repr(list(mine.hung.values())) == repr(list(theirs.hung.values()))
+    assert mine.waiting == theirs.waiting and mine.oldest == theirs.oldest
+    assert (mine.watched is None) == (theirs.watched is None)
+    if mine.watched is not None and theirs.watched is not None:
+        assert [r.rank for r in mine.watched] == [r.rank for r in theirs.watched]
+        assert mine.oldest_heartbeat == theirs.oldest_heartbeat
+    return len(mine.hung), mine.watched is not None
+
+
+def test_the_rank_table_sweeps_as_the_per_rank_triggers_do() -> None:
+    """Pass after pass (several per heartbeat) through random heartbeats: ranks that go silent,
+    exit, restart, join late, have several ops or none in flight, young and old, an age that is
+    not a number, and op spans that retire ops between heartbeats."""
+    cfg = AnalysisConfig()
+    hung_seen = watched_seen = 0
+    for seed in range(6):
+        rng = random.Random(seed)
+        engine = Engine(cfg)
+        world = 8
+        groups = [Group(f"tp{i}", (2 * i, 2 * i + 1)) for i in range(4)]
+        everyone = Group("all", tuple(range(world)))
+        silent: set[int] = set()
+        for k in range(40):
+            at = 200.0 + k
+            records = []
+            for r in range(world):
+                if r in silent or (r == 7 and k < 5):
+                    continue
+                if rng.random() < 0.04:
+                    silent.add(r)  # goes quiet (late after 1.2 intervals, lost after 2.5)
+                ops = []
+                for g in rng.sample([groups[r // 2], everyone], rng.choice([0, 1, 1, 2])):
+                    age = rng.choice([0.01, 0.25] if k % 4 == 0 else [0.26, 0.3, 1.5, 0.5 * k])  # young: every 4th beat
+                    age = math.nan if rng.random() < 0.02 else age
+                    ops.append(InFlightOp(g, 10 + k // 8, age_s=age))
+                record = heartbeat("job", r, world, at, k, [groups[r // 2], everyone], [10 + k // 8] * 2,
+                                   [9 + k // 8] * 2, ops, final=rng.random() < 0.01, interval=1.0)
+                if r == 3 and k == 20:
+                    record.resource = {**record.resource, schema.RES_PROCESS_PID: 999}  # a restart
+                records.append(record)
+            if rng.random() < 0.3:  # an op span retires an op between heartbeats
+                r = rng.randrange(world)
+                records.append(collective("job", r, world, everyone, 10 + k // 8, at - 0.3, at - 0.1))
+            engine.ingest(records, at)
+            if k == 30:
+                silent.clear()
+            for dt in (0.0, 0.4, 0.9):  # past 3/4 of the threshold after the heartbeat: the extrapolation is capped
+                hung, watched = _sweeps_agree(engine.jobs["job"], at + dt, cfg)
+                hung_seen += hung
+                watched_seen += watched
+    assert hung_seen > 100 and watched_seen > 20, (hung_seen, watched_seen)  # both ways out of the sweep ran

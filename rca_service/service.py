@@ -44,7 +44,13 @@ class ServiceOptions:
     forward: str | None = None
     external_url: str = ""
     tick_s: float = 0.2
-    max_analysis_share: float = 0.2  # of one core: passes of t CPU s (smoothed) wait max(tick_s, t * (1/share - 1))
+    # of one core: passes of t CPU s (smoothed) wait max(tick_s, t * (1/share - 1)), at most
+    # max_pass_wait_s. Small jobs (a pass of a few ms) still run every tick; a 16k-rank job's
+    # ~20-40 ms passes run every ~0.25-0.45 s, which a verdict that needs a second of silence
+    # hardly notices; the cap keeps the costly pass at a hang's onset (drawing, storing) from
+    # pushing the next one seconds away
+    max_analysis_share: float = 0.08
+    max_pass_wait_s: float = 0.5
     max_queued_spans: int = 500_000
     max_queued_heartbeats: int = 100_000  # ~6 s of a 16k-rank job; they never wait behind op spans
     alertmanager_refresh_s: float = 60.0
@@ -67,13 +73,13 @@ def tune_gc() -> None:
     gc.set_threshold(*SERVE_GC_THRESHOLDS)
 
 
-def pass_wait(took_s: float, tick_s: float, share: float) -> float:
+def pass_wait(took_s: float, tick_s: float, share: float, max_wait_s: float = float("inf")) -> float:
     """The pause before the next analysis pass: the tick, stretched so that passes take at most
-    `share` of a core (took_s: the pass's CPU seconds; a 16k-rank pass is ~0.05-0.15 s, and
-    ingest must keep the rest)."""
+    `share` of a core (took_s: the pass's CPU seconds; a 16k-rank pass is ~0.02-0.05 s, and
+    ingest must keep the rest), but never past `max_wait_s` (nor below the tick)."""
     if share <= 0 or share >= 1:
         return tick_s
-    return max(tick_s, took_s * (1.0 / share - 1.0))
+    return max(tick_s, min(max_wait_s, took_s * (1.0 / share - 1.0)))
 
 
 class RcaService:
@@ -216,7 +222,7 @@ class RcaService:
             spent = time.thread_time() - started
             self.metrics.inc("mycroft_rca_cpu_seconds_total", spent, part="analysis")
             cost = 0.7 * cost + 0.3 * spent
-            wait = pass_wait(cost, self.options.tick_s, self.options.max_analysis_share)
+            wait = pass_wait(cost, self.options.tick_s, self.options.max_analysis_share, self.options.max_pass_wait_s)
 
     # ------------------------------------------------------------------ API backend
     def list_incidents(self, limit: int, job: str | None, status: str | None,

@@ -172,3 +172,17 @@ def test_forward_tees_spans_downstream(tmp_path: Path) -> None:
         for service in services:
             service.stop()
         downstream.stop(0)
+
+
+def test_costly_passes_are_spaced_but_never_past_the_cap() -> None:
+    """Big jobs' passes are held to the share of a core; one costly pass (a hang's onset: drawing,
+    storing) must not push the next one seconds away."""
+    from mycroft.rca_service.service import pass_wait
+
+    options = ServiceOptions()
+    share, cap = options.max_analysis_share, options.max_pass_wait_s
+    assert pass_wait(0.002, 0.2, share, cap) == 0.2  # a small job: every tick
+    spaced = pass_wait(0.03, 0.2, share, cap)  # a 16k-rank pass: ~8% of a core
+    assert 0.2 < spaced <= cap and abs(0.03 / (0.03 + spaced) - share) < 1e-9
+    assert pass_wait(0.4, 0.2, share, cap) == cap  # the onset's costly pass
+    assert pass_wait(0.4, 0.2, share) > 4.0  # (what it would have waited uncapped)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from mycroft import schema
 
@@ -104,6 +105,7 @@ class _Built:
     groups: list[tuple[str, Any, tuple[int, ...]]]  # (group id, its GroupState or None, its members) per op node
     blockers: list[tuple[Node, int, InFlight | None]]  # (op node, blocking member, the p2p op) per edge out of an op
     wf: WaitForGraph
+    epochs: Any = None  # rank_table's shape epochs of `graphed` when it was checked (or built)
     waiting: set[int] | frozenset[int] = field(default_factory=set)  # of the last sinks() over it ...
     found: list[Sink] = field(default_factory=list)  # ... and their result
 
@@ -160,7 +162,7 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
 
 
 def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, built: _Built,
-                 graphed: list[RankState]) -> bool:
+                 graphed: list[RankState], epochs: Any = None) -> bool:
     """Whether `built` is the graph build() would make now.
 
     The same rank objects with the same statuses, the same of them graphed, with the same
@@ -173,9 +175,13 @@ def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, bui
     may have become known).
     """
     if built.cfg is not cfg or built.status != status or len(built.ranks) != len(job.ranks) or \
-            not all(map(operator.is_, built.ranks, job.ranks.values())) or \
-            len(graphed) != len(built.graphed) or not all(map(operator.is_, graphed, built.graphed)):
+            not all(map(operator.is_, built.ranks, job.ranks.values())) or (graphed is not built.graphed and (
+                len(graphed) != len(built.graphed) or not all(map(operator.is_, graphed, built.graphed)))):
         return False
+    if epochs is not None and built.epochs is not None:  # the rank table counted every change of shape
+        if not np.array_equal(epochs, built.epochs):
+            return False
+        return _blockers_hold(job, status, built)
     lists = list(map(_INFLIGHT, graphed))
     before = built.inflight
     changed = list(itertools.compress(range(len(lists)), map(operator.is_not, lists, before)))
@@ -186,6 +192,12 @@ def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, bui
     elif not all(map(_same_shape, now_ops, then_ops)):
         return False
     built.inflight = lists  # the same shapes: the next pass compares with these lists
+    built.epochs = epochs
+    return _blockers_hold(job, status, built)
+
+
+def _blockers_hold(job: JobState, status: dict[int, str], built: _Built) -> bool:
+    """The groups of the op nodes are the same, and every edge out of an op node still blocks."""
     groups = job.groups
     if not all(groups.get(gid) is group and (group is None or group.ranks is members)
                for gid, group, members in built.groups):
@@ -215,9 +227,11 @@ def wait_for(job: JobState, status: dict[int, str], waiting: Iterable[int], now:
         graphed = sweep.watched
     else:
         graphed = _graphed(job, status, now, cfg, fresh_after)
+    epochs = sweep.epochs if sweep is not None and graphed is sweep.watched else None
     built = job.memo.get("wait_for")
-    if built is None or not _still_holds(job, status, cfg, built, graphed):
+    if built is None or not _still_holds(job, status, cfg, built, graphed, epochs):
         built = job.memo["wait_for"] = _build(job, status, waiting, cfg, graphed)
+        built.epochs = epochs
         built.found = sinks(built.wf)
         built.waiting = waiting
     elif built.waiting is not waiting and built.waiting != waiting:

@@ -28,9 +28,10 @@ from .state import JobState, RankState
 from .triggers import ALIVE, EXITED, LOST, HangSweep, hang_sweep
 
 _INFLIGHT = operator.attrgetter("inflight")
-_LIVENESS = operator.attrgetter("final", "last_hb_at", "hb_interval")
-_AGE = operator.attrgetter("age_s", "observed_at")
+_FINAL, _LAST_HB, _INTERVAL = (operator.attrgetter(a) for a in ("final", "last_hb_at", "hb_interval"))
+_AGE_S, _OBSERVED = operator.attrgetter("age_s"), operator.attrgetter("observed_at")
 _FIRST = operator.itemgetter(0)
+_SHAPE = operator.attrgetter("seq", "group_id", "peer", "op")  # what the wait-for graph reads of an op
 _CODES = (ALIVE, LOST, EXITED)
 
 
@@ -43,7 +44,8 @@ class RankTable:
     def _reset(self) -> None:
         self.ranks: list[RankState] = []
         self.ids = np.zeros(0, dtype=np.int64)
-        self._lists: list[Any] = []  # per row: the in-flight list as of the last refresh
+        self._lists: list[Any] = []  # per row: the in-flight list as of the last refresh ...
+        self._checked: list[Any] = []  # ... and as of the last shape_epochs()
         self._heartbeats = False  # job.heartbeats > 0 as of the last refresh
         self.final = np.zeros(0, dtype=bool)
         self.last_hb = np.zeros(0)  # received time of the last heartbeat (0: none)
@@ -53,6 +55,8 @@ class RankTable:
         self.max_age = np.zeros(0)  # the largest age of its ops in flight, as their heartbeat said
         self.observed = np.zeros(0)  # when that heartbeat was received
         self.irregular: set[int] = set()  # rows the arrays cannot hold exactly
+        # per row: how often what the wait-for graph reads of its ops in flight changed (graph.wait_for)
+        self.epoch = np.zeros(0, dtype=np.int64)
         self._codes: np.ndarray | None = None  # the last statuses() as codes, and its dict
         self._status: dict[int, str] = {}
         self._hung: np.ndarray | None = None  # the last hang_sweep's hung rows and their ids
@@ -69,7 +73,9 @@ class RankTable:
             added = list(ranks.values())[known:]
             grow = len(added)
             self.ranks.extend(added)
-            self._lists.extend([None] * grow)
+            self._lists.extend([()] * grow)  # not a rank's list: every new row is read
+            self._checked.extend([()] * grow)
+            self.epoch = np.concatenate([self.epoch, np.zeros(grow, dtype=np.int64)])
             self.ids = np.concatenate([self.ids, np.fromiter((r.rank for r in added), np.int64, grow)])
             self.first_seen = np.concatenate([self.first_seen, np.fromiter((r.first_seen for r in added), float,
                                                                            grow)])
@@ -78,33 +84,70 @@ class RankTable:
             for name in ("last_hb", "interval", "max_age", "observed"):
                 setattr(self, name, np.concatenate([getattr(self, name), np.zeros(grow)]))
         lists = list(map(_INFLIGHT, self.ranks))
+        before = self._lists
+        self._lists = lists
         heartbeats = job.heartbeats > 0
-        rows: list[int]
         if heartbeats != self._heartbeats:
             self._heartbeats = heartbeats
-            rows = list(range(len(lists)))
+            touched = [True] * len(lists)
         else:  # rows whose list is another object than at the last refresh (a scan in C)
-            rows = list(itertools.compress(range(len(lists)), map(operator.is_not, lists, self._lists)))
-        self._lists = lists
+            touched = list(map(operator.is_not, lists, before))
+        rows = list(itertools.compress(range(len(lists)), touched))
         if not rows:
             return
         at = np.asarray(rows, dtype=np.int64)
-        picked = [self.ranks[i] for i in rows]
-        finals, beats, intervals = zip(*map(_LIVENESS, picked), strict=True)
-        self.final[at], self.last_hb[at], self.interval[at] = finals, beats, intervals
-        ops = [lists[i] for i in rows]
+        picked = list(itertools.compress(self.ranks, touched))
+        self.final[at] = list(map(_FINAL, picked))
+        self.last_hb[at] = list(map(_LAST_HB, picked))
+        self.interval[at] = list(map(_INTERVAL, picked))
+        ops = list(itertools.compress(lists, touched))
         counts = list(map(len, ops))
         self.has_ops[at] = counts
-        if min(counts) == 1 and max(counts) == 1:  # one op in flight each (the common case): read in C
-            ages, seen = zip(*map(_AGE, map(_FIRST, ops)), strict=True)
-            if any(map(math.isnan, ages)):
-                self._read_ops(rows, ops)
-                return
-            if self.irregular:
-                self.irregular.difference_update(rows)
-            self.max_age[at], self.observed[at] = ages, seen
+        one = list(map((1).__eq__, counts))
+        if all(one):  # one op in flight each: the common case, read in C
+            self._read_single(rows, ops)
+        elif not any(one):
+            self._read_ops(rows, ops)
+        else:  # a few ranks with none or several (a rank outside communication, a p2p pair)
+            self._read_single(list(itertools.compress(rows, one)), list(itertools.compress(ops, one)))
+            other = [not x for x in one]
+            self._read_ops(list(itertools.compress(rows, other)), list(itertools.compress(ops, other)))
+
+    def _read_single(self, rows: list[int], lists: list[list[Any]]) -> None:
+        """_read_ops for rows with one op in flight each, in C."""
+        firsts = list(map(_FIRST, lists))
+        ages = list(map(_AGE_S, firsts))
+        seen = list(map(_OBSERVED, firsts))
+        if any(map(math.isnan, ages)):
+            self._read_ops(rows, lists)
             return
-        self._read_ops(rows, ops)
+        if self.irregular:
+            self.irregular.difference_update(rows)
+        at = np.asarray(rows, dtype=np.int64)
+        self.max_age[at], self.observed[at] = ages, seen
+
+    def shape_epochs(self) -> np.ndarray:
+        """Per row, how often what the wait-for graph reads of its ops in flight (group, seq, peer,
+        op) changed, as seen at the calls of this (graph.wait_for compares these counts instead of
+        the ops; counted only while a hang is analysed, against the lists of the last call)."""
+        lists, checked = self._lists, self._checked
+        self._checked = lists
+        touched = list(map(operator.is_not, lists, checked))
+        if not any(touched):
+            return self.epoch
+        rows = list(itertools.compress(range(len(lists)), touched))
+        ops = list(itertools.compress(lists, touched))
+        old = list(itertools.compress(checked, touched))
+        both = list(map(operator.and_, map((1).__eq__, map(len, ops)), map((1).__eq__, map(len, old))))
+        changed = list(itertools.compress(itertools.compress(rows, both), map(  # one op then and now: in C
+            operator.ne, map(_SHAPE, map(_FIRST, itertools.compress(ops, both))),
+            map(_SHAPE, map(_FIRST, itertools.compress(old, both))))))
+        if not all(both):  # the few with none or several ops, now or then
+            others = itertools.compress(zip(rows, ops, old, strict=True), map(operator.not_, both))
+            changed.extend(i for i, now, then in others if list(map(_SHAPE, now)) != list(map(_SHAPE, then)))
+        if changed:
+            self.epoch[changed] += 1
+        return self.epoch
 
     def _read_ops(self, rows: list[int], lists: list[list[Any]]) -> None:
         """Each row's largest op age and when its heartbeat was received (0 without ops)."""
@@ -178,8 +221,9 @@ class RankTable:
             self._watched = (rows, [ranks[i] for i in rows.tolist()])
         beats = self.last_hb[rows]
         beats = beats[beats != 0]
+        epochs = self.shape_epochs()[rows] if len(ages) else None  # only a hang consults the graph
         return HangSweep(self._waiting, oldest, self._watched[1], float(beats.min()) if len(beats) else math.inf,
-                         found)
+                         found, epochs)
 
 
 def rank_table(job: JobState) -> RankTable:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 from mycroft import schema
 
 from .config import AnalysisConfig
-from .state import GroupState, JobState, RankState, Sig
+from .state import GroupState, JobState, RankState, SeqRecord, Sig
 
 ALIVE = "alive"
 LOST = "lost"  # silent without a goodbye
@@ -111,6 +112,7 @@ class HangSweep:
     watched: list[RankState] | None
     oldest_heartbeat: float  # the oldest last heartbeat (received time, > 0) among `watched`
     hung: dict[int, float] | None = None  # hung rank -> its oldest op's age (the per-rank sweep fills it)
+    epochs: Any = None  # rank_table: per watched rank, how often its ops in flight changed shape
 
 
 def hang_sweep(job: JobState, status: dict[int, str], now: float, threshold: float,
@@ -192,20 +194,30 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
     The minority diverges; ties are broken by which signature the group used before
     (training repeats itself, so history says what "normal" looks like).
     """
+    # a standing job (a hang: nothing moves) re-checks nothing: when every group's window of seqs
+    # and every newest record's version are what the last pass found all clean, it is still clean
+    groups = list(job.groups.values())
+    windows = list(map(_SEQS, groups))
+    window_keys = (list(map(len, windows)), list(map(next, map(reversed, windows), itertools.repeat(None))))
+    skip = job.memo.get(f"mismatch_clean/{recent}")
+    if skip is not None and len(skip[0]) == len(groups) and all(map(operator.is_, skip[0], groups)) and \
+            skip[1] == window_keys and skip[3] == list(map(_VERSION, skip[2])):
+        return []
     found: list[Mismatch] = []
+    visited: list[SeqRecord] = []
+    all_clean = True
     newest: dict[str, tuple[int, int, list[int]]] = job.memo.setdefault(f"newest_seqs/{recent}", {})
     for gid, group in job.groups.items():
         seqs = group.seqs
         if not seqs:
             continue
-        # the newest seqs, sorted once per change of the window: it only grows at the end (a new
-        # seq) and then drops its oldest, so its size and last-added seq say "the same seqs"
         last = next(reversed(seqs))
         known = newest.get(gid)
         if known is None or known[0] != len(seqs) or known[1] != last:
-            known = newest[gid] = (len(seqs), last, sorted(seqs)[-recent:])
+            known = newest[gid] = (len(seqs), last, _newest_seqs(seqs, recent, known))
         for seq in known[2]:
             rec = seqs[seq]
+            visited.append(rec)
             clean = rec.clean
             if clean is not None and clean[0] == rec.version:
                 continue  # found agreeing and without failures, and unchanged since (every change bumps the version)
@@ -213,6 +225,7 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
             mark = (rec.version, len(sigs), len(rec.states))
             first = next(iter(sigs.values()), None)
             if first is None:
+                all_clean = False
                 continue
             # found clean, and since then every change (one version each) added a member's signature,
             # none overwrote one: only the new ones need comparing (heartbeats add 16k of them to a
@@ -229,7 +242,31 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
                 found.append(novel)
             elif not any(st in (schema.STATE_ERROR, schema.STATE_TIMEOUT) for st in rec.states.values()):
                 rec.clean = mark  # a pure function of this record: stays clean until it changes
+            else:
+                all_clean = False
+    job.memo[f"mismatch_clean/{recent}"] = (groups, window_keys, visited, list(map(_VERSION, visited))) \
+        if not found and all_clean else None
     return found
+
+
+def _newest_seqs(seqs: dict[int, SeqRecord], recent: int, known: tuple[int, int, list[int]] | None) -> list[int]:
+    """sorted(seqs)[-recent:], from the last answer where there is one.
+
+    The fold adds a seq at the end of the window and drops its oldest one beyond the window's
+    size, so (size, last added) says "the same seqs", and the newest ones now are among the
+    newest before (those still there) and the seqs added after the last added then (at most a
+    few per pass; sorting 256 seqs of each of 2k groups every pass was most of the check).
+    """
+    if known is not None and known[1] in seqs:
+        added = list(itertools.takewhile(known[1].__ne__, reversed(seqs)))
+        candidates = sorted({*added, *(s for s in known[2] if s in seqs)})[-recent:]
+        if len(candidates) == min(recent, len(seqs)):
+            return candidates
+    return sorted(seqs)[-recent:]
+
+
+_SEQS = operator.attrgetter("seqs")
+_VERSION = operator.attrgetter("version")
 
 
 def find_digest_mismatches(job: JobState, recent_blocks: int = 4) -> list[Mismatch]:

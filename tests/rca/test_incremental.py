@@ -12,14 +12,22 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 from mycroft.rca_service import graph as wfg
 from mycroft.rca_service import graph_view, slowness
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.rank_table import rank_table
 from mycroft.rca_service.service import pass_wait
-from mycroft.rca_service.state import JobState
-from mycroft.rca_service.triggers import find_mismatches, hang_sweep, hang_threshold, hung_ranks, statuses
+from mycroft.rca_service.state import JobState, SeqRecord
+from mycroft.rca_service.triggers import (
+    _newest_seqs,
+    find_mismatches,
+    hang_sweep,
+    hang_threshold,
+    hung_ranks,
+    statuses,
+)
 from mycroft.rca_service.work_table import _work_window, work_table
 
 from mycroft import schema
@@ -127,11 +135,13 @@ def _graph_facts(wf: wfg.WaitForGraph, found: list[wfg.Sink]) -> tuple[object, .
             [(s.nodes, s.path, s.longest, s.blast) for s in found])
 
 
-def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() -> None:
+@pytest.mark.parametrize("sweeps", ["mixed", "rank table"])
+def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds(sweeps: str) -> None:
     """Pass after pass, the memoized graph (wfg.wait_for) is the one build() and sinks() make
     from scratch: while a hang stands still it is reused; a rank that issues its op (its
-    frontier moves, not the shape of the ops in flight), one that goes silent and one that
-    restarts each change it."""
+    frontier moves, not the shape of the ops in flight), one in another op, one that goes
+    silent and one that restarts each change it. The graph takes its ranks from no sweep, the
+    per-rank one or the rank table's (whose shape epochs replace comparing the ops)."""
     cfg = AnalysisConfig()
     engine = Engine(cfg)
     world = tuple(range(6))
@@ -167,8 +177,12 @@ def test_the_wait_for_graph_is_reused_only_while_what_it_was_built_from_holds() 
             continue
         fresh_after = at - max(hung.values())
         plain = wfg.build(job, status, hung, at, cfg, fresh_after)
-        sweep = hang_sweep(job, status, at, hang_threshold(job, cfg), cfg)  # the graph takes the trigger's ranks
-        memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after, sweep if k % 2 else None)
+        # the graph takes the trigger's ranks: of the per-rank sweep, or of the rank table (with shape epochs)
+        table = rank_table(job)
+        sweep = [None, hang_sweep(job, status, at, hang_threshold(job, cfg), cfg),
+                 table.hang_sweep(job, table.statuses(job, at, cfg), at, hang_threshold(job, cfg), cfg)][
+            k % 3 if sweeps == "mixed" else 2]
+        memo = wfg.wait_for(job, status, hung, at, cfg, fresh_after, sweep)
         assert _graph_facts(*memo) == _graph_facts(plain, wfg.sinks(plain)), k
         causes = [{"rank": s.nodes[0][1], "kind": "x"} for s in memo[1] if s.nodes[0][0] == "r"]
         for _ in range(2):  # drawn from scratch, then from what was kept on the graph: the same drawing
@@ -370,3 +384,27 @@ def test_the_rank_table_sweeps_as_the_per_rank_triggers_do() -> None:
                 hung_seen += hung
                 watched_seen += watched
     assert hung_seen > 100 and watched_seen > 20, (hung_seen, watched_seen)  # both ways out of the sweep ran
+
+
+def test_the_newest_seqs_of_a_window_follow_it_as_the_fold_moves_it() -> None:
+    """find_mismatches' newest seqs, kept from pass to pass, are sorted(window)[-4:] as the fold
+    fills its windows: new seqs at the end (mostly increasing, some late ones out of order),
+    the oldest dropped beyond the window's size."""
+    rng = random.Random(3)
+    seqs: dict[int, SeqRecord] = {}
+    known = None
+    top = 0
+    for step in range(3000):
+        for _ in range(rng.choice([0, 1, 1, 2, 5])):
+            top += 1
+            seq = top if rng.random() > 0.1 else max(1, top - rng.randint(1, 30))  # some arrive late
+            if seq not in seqs:
+                seqs[seq] = SeqRecord()
+                if len(seqs) > 16:
+                    del seqs[min(seqs)]
+        if not seqs:
+            continue
+        last = next(reversed(seqs))
+        if known is None or known[0] != len(seqs) or known[1] != last:
+            known = (len(seqs), last, _newest_seqs(seqs, 4, known))
+        assert known[2] == sorted(seqs)[-4:], step

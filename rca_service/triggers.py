@@ -303,6 +303,8 @@ def _novel_failure(group: GroupState, seq: int) -> Mismatch | None:
     (training repeats itself) is what it diverged from.
     """
     rec = group.seqs[seq]
+    if not rec.states:
+        return None  # no op span at this seq (heartbeats only): nothing failed
     failed = {r: sig for r, sig in rec.sigs.items()
               if rec.states.get(r) in (schema.STATE_ERROR, schema.STATE_TIMEOUT)}
     if not failed or len(failed) != len(rec.sigs):

@@ -215,16 +215,21 @@ class WorkTable:
             newest, last = newest_now[i], before[i]
             if newest is None:
                 continue
-            if last is not None and work[-2] is last and not row.irregular:  # (a deque of 1 has no last)
-                if newest[2] > 0:  # one new sample that completed ops: the common case, 16k times a second
+            if last is not None and row.positive and not row.irregular:  # (a deque of 1 has no last)
+                # one or two new samples that completed ops: the common case (a search every 1-2 s)
+                previous = work[-2]
+                if previous is last and newest[2] > 0:
                     add_slot(i * length + heads[i] % length)
                     add_values(newest)
                     heads[i] += 1
-                    if not row.positive:
-                        row.positive = True
                     continue
-                if not row.positive:
-                    continue  # still before the first op
+                if len(work) > 2 and work[-3] is last and previous[2] > 0 and newest[2] > 0:
+                    add_slot(i * length + heads[i] % length)
+                    add_values(previous)
+                    add_slot(i * length + (heads[i] + 1) % length)
+                    add_values(newest)
+                    heads[i] += 2
+                    continue
             new, complete = _since(work, last)
             if complete:  # the last refresh's newest sample is gone from the deque: rebuild the row
                 heads[i], row.positive, row.irregular = 0, False, False

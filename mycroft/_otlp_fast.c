@@ -233,6 +233,21 @@ static int skip(Cursor *c, uint32_t wire) {
     }
 }
 
+/* The next occurrence of length-delimited field `want` in a message already checked whole (its
+ * fields well-formed, `want` always length-delimited); 0 at the message's end. */
+static int next_delimited(Cursor *c, uint32_t want, Cursor *out) {
+    while (c->p < c->end) {
+        uint32_t field, wire;
+        tag(c, &field, &wire);
+        if (field == want) {
+            delimited(c, out);
+            return 1;
+        }
+        skip(c, wire);
+    }
+    return 0;
+}
+
 static PyObject *utf8(Cursor s) {
     PyObject *text = PyUnicode_DecodeUTF8((const char *)s.p, s.end - s.p, NULL);
     if (text == NULL) PyErr_Clear(); /* Python's path names the bad string */
@@ -426,19 +441,12 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
     PyObject *attrs = PyDict_New();
     if (attrs == NULL) return ERROR;
     Py_ssize_t seen = 0;
-    while (body.p < body.end && seen < ctx->max_attributes) { /* second pass: the attributes, in order */
-        uint32_t field, wire;
-        Cursor s;
-        tag(&body, &field, &wire); /* checked above */
-        if (field == 9) {
-            delimited(&body, &s);
-            seen++;
-            if (attribute(ctx, s, attrs) != OK) {
-                Py_DECREF(attrs);
-                return ERROR;
-            }
-        } else {
-            skip(&body, wire);
+    Cursor kv;
+    while (seen < ctx->max_attributes && next_delimited(&body, 9, &kv)) { /* second pass: the attributes */
+        seen++;
+        if (attribute(ctx, kv, attrs) != OK) {
+            Py_DECREF(attrs);
+            return ERROR;
         }
     }
     PyObject *args[11] = {NULL};
@@ -496,17 +504,8 @@ static int scope_spans(Ctx *ctx, Cursor c, PyObject *resource, PyObject *out) {
     PyObject *scope = utf8(name);
     if (scope == NULL) return UNSURE;
     int r = OK;
-    while (r == OK && first.p < first.end) {
-        uint32_t field, wire;
-        Cursor s;
-        tag(&first, &field, &wire);
-        if (field == 2) {
-            delimited(&first, &s);
-            r = span(ctx, s, resource, scope, out);
-        } else {
-            skip(&first, wire);
-        }
-    }
+    Cursor s;
+    while (r == OK && next_delimited(&first, 2, &s)) r = span(ctx, s, resource, scope, out);
     Py_DECREF(scope);
     return r;
 }
@@ -533,17 +532,8 @@ static int resource_spans(Ctx *ctx, Cursor c, PyObject *out) {
     Py_DECREF(raw);
     if (attrs == NULL) return ERROR;
     int r = OK;
-    while (r == OK && first.p < first.end) {
-        uint32_t field, wire;
-        Cursor s;
-        tag(&first, &field, &wire);
-        if (field == 2) {
-            delimited(&first, &s);
-            r = scope_spans(ctx, s, attrs, out);
-        } else {
-            skip(&first, wire);
-        }
-    }
+    Cursor s;
+    while (r == OK && next_delimited(&first, 2, &s)) r = scope_spans(ctx, s, attrs, out);
     Py_DECREF(attrs);
     return r;
 }
@@ -583,17 +573,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         out = PyList_New(0);
         r = out == NULL ? ERROR : OK;
     }
-    while (r == OK && c.p < c.end) {
-        uint32_t field, wire;
-        Cursor s;
-        tag(&c, &field, &wire);
-        if (field == 1) {
-            delimited(&c, &s);
-            r = resource_spans(&ctx, s, out);
-        } else {
-            skip(&c, wire);
-        }
-    }
+    Cursor s;
+    while (r == OK && next_delimited(&c, 1, &s)) r = resource_spans(&ctx, s, out);
     PyBuffer_Release(&payload);
     if (r != OK) {
         Py_XDECREF(out);

@@ -183,6 +183,11 @@ def parse_grpc_request(payload: bytes, context: grpc.ServicerContext,
     return request
 
 
+def _answer(shed: int) -> bytes | None:
+    """The Export response: empty, or a partial success naming the spans shed."""
+    return partial_success(shed).SerializeToString() if shed else None
+
+
 class OtlpReceiver:
     """Serves OTLP/gRPC and OTLP/HTTP on the given addresses until stop().
 
@@ -243,7 +248,7 @@ class OtlpReceiver:
         principal = grpc_principal(context, self._auth, self._reject)
         gate = _JobGate(principal)
         refused = 0
-        shed: int | None = 0
+        shed = 0
         # the fast path: a receiver with a DecodeCache and a caller who may write every job parses
         # with the lean schema (key-values as bytes, memoized); per-job filtering needs the full one
         lean = self._request_sink is None and self._cache is not None and principal.all_jobs
@@ -255,8 +260,8 @@ class OtlpReceiver:
                 records = None
                 self._bad_grpc(context, payload, exc)
             if records is not None:
-                return self._sink_grpc(records, self._prefilter(records) if self._prefilter is not None else 0,
-                                       context)
+                early = self._prefilter(records) if self._prefilter is not None else 0
+                return _answer(self._sink_shed(records, context) + early)
             try:
                 request = parse_lean(payload)
             except OtlpDecodeError as exc:
@@ -266,28 +271,26 @@ class OtlpReceiver:
         if not principal.all_jobs:
             refused = filter_request_jobs(request, gate)
         early = self._prefilter(request) if self._prefilter is not None else 0
-        try:
-            if self._request_sink is not None:
+        if self._request_sink is not None:
+            try:
                 self._request_sink(request)
-            else:
-                try:
-                    if lean:
-                        assert self._cache is not None
-                        records = records_from_lean(request, self._cache)
-                    else:
-                        records = records_from_request(request, self._cache)
-                except OtlpDecodeError as exc:
-                    self._reject(REJECT_UNDECODABLE, 0)
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
-                if records:
-                    shed = self._sink(records)
-        except OverflowError as exc:  # sinks raise it when they shed load
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            except OverflowError as exc:  # sinks raise it when they shed load
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        else:
+            try:
+                if lean:
+                    assert self._cache is not None
+                    records = records_from_lean(request, self._cache)
+                else:
+                    records = records_from_request(request, self._cache)
+            except OtlpDecodeError as exc:
+                self._reject(REJECT_UNDECODABLE, 0)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
+            shed = self._sink_shed(records, context)
         if refused:
             self._reject(REJECT_FORBIDDEN_JOB, refused)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, _refused_message(refused, gate.refused_jobs))
-        shed = (shed or 0) + early
-        return partial_success(shed).SerializeToString() if shed else None
+        return _answer(shed + early)
 
     def _bad_grpc(self, context: grpc.ServicerContext, payload: bytes, exc: OtlpDecodeError) -> None:
         self._reject(REJECT_UNDECODABLE, 0)
@@ -295,13 +298,15 @@ class OtlpReceiver:
                            context.peer(), len(payload), exc)
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad OTLP request: {exc}")
 
-    def _sink_grpc(self, records: list[SpanRecord], shed: int, context: grpc.ServicerContext) -> bytes | None:
-        """Records decoded by the compiled path (callers who may write every job), to the sink."""
+    def _sink_shed(self, records: list[SpanRecord] | None, context: grpc.ServicerContext) -> int:
+        """Decoded records to the sink; how many it shed (a sink that refuses aborts the RPC)."""
+        shed = 0
         try:
-            shed += (self._sink(records) or 0) if records else 0
+            if records:
+                shed = self._sink(records) or 0
         except OverflowError as exc:  # sinks raise it when they shed load
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        return partial_success(shed).SerializeToString() if shed else None
+        return shed
 
     # ------------------------------------------------------------------ HTTP
     def _http_head(self, request: Request) -> Principal:

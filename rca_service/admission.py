@@ -79,12 +79,6 @@ def resource_facts(resource: dict[str, Any]) -> tuple[str, str, int]:
     return facts
 
 
-def job_of(record: SpanRecord) -> str:
-    """SpanRecord.job_id, with the resource's part memoized (a span's own attribute still wins)."""
-    job = record.attributes.get(schema.RES_JOB_ID)
-    return resource_facts(record.resource)[0] if job is None else str(job)
-
-
 def _bad_ranks(text: Any, limit: int, cfg: AnalysisConfig) -> bool:
     if not isinstance(text, str) or not text:
         return False

@@ -12,6 +12,7 @@ move the counter, so numbering stays right after them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ class GroupInfo:
     ranks_text: str
     group_rank: int
     backend: str
-    pg: Any  # the ProcessGroup; kept to read its counter
+    pg: Any  # the ProcessGroup, to read its counter; held weakly once registered (see `_weak`)
     has_counter: bool = True
     own_counter: int = 0  # fallback when the backend has no sequence counter
     p2p_counter_delta: int = 0  # how far our own p2p ops moved torch's counter
@@ -58,10 +59,14 @@ class GroupInfo:
     def size(self) -> int:
         return len(self.ranks)
 
+    def process_group(self) -> Any:
+        """The live ProcessGroup, or None once torch has let it go."""
+        return self.pg() if isinstance(self.pg, weakref.ref) else self.pg
+
     def counter(self) -> int:
         if self.has_counter:
             try:
-                return int(self.pg._get_sequence_number_for_group())
+                return int(self.process_group()._get_sequence_number_for_group())
             except Exception:
                 self.has_counter = False
         return self.own_counter
@@ -105,7 +110,7 @@ class GroupRegistry:
                 self._default = self.resolve(dist.distributed_c10d._get_default_group())
             return self._default
         info = self._by_pg.get(id(pg))
-        if info is not None and info.pg is pg:
+        if info is not None and info.process_group() is pg:
             return info
         return self._register(pg)
 
@@ -130,8 +135,23 @@ class GroupRegistry:
             ranks_text=ranks_text,
             group_rank=pg.rank(),
             backend=backend,
-            pg=pg,
+            pg=_weak(pg),
             device_async=completes_on_device(pg, backend),
         )
         self._by_pg[id(pg)] = info
         return info
+
+
+def _weak(pg: Any) -> Any:
+    """A weak reference to `pg`, so that tracing never keeps a process group alive.
+
+    A group kept past destroy_process_group (by a record still queued, or a cycle only the
+    final garbage collection breaks) keeps gloo's worker threads running into interpreter
+    shutdown; one that then drops a tensor takes the GIL, and CPython ends it with
+    pthread_exit, whose unwinding through torch's noexcept destructors aborts the process
+    ("terminate called without an active exception").
+    """
+    try:
+        return weakref.ref(pg)
+    except TypeError:  # a backend object without weak references: hold it as before
+        return pg

@@ -101,8 +101,10 @@ restored = restored and DDP.__init__ is originals["ddp.init"]
 dist.all_reduce(t)  # not traced any more
 names = [s.name for s in exporter.get_finished_spans()]
 services = {{s.resource.attributes.get("service.name") for s in exporter.get_finished_spans()}}
-print(json.dumps({{"names": names, "restored": restored, "services": sorted(services)}}))
 dist.destroy_process_group()
+import os
+threads = [open(f"/proc/self/task/{{task}}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+print(json.dumps({{"names": names, "restored": restored, "services": sorted(services), "threads": threads}}))
 ''')
     env = instrumented_env(None)
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
@@ -114,6 +116,9 @@ dist.destroy_process_group()
     assert report["names"].count("all_reduce") == 2
     assert schema.SPAN_HEARTBEAT in report["names"]  # the final heartbeat at uninstrument
     assert report["services"] == ["in-code"]  # the user's resource is kept
+    # tracing holds no process group: destroy_process_group stopped gloo's threads. A group kept
+    # alive ran them into interpreter shutdown, where one could abort the process at exit.
+    assert not [name for name in report["threads"] if "gloo" in name], report["threads"]
 
 
 @pytest.mark.parametrize("value", ["abc", "-1"])

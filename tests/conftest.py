@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mycroft.faults.inject import kill_tree
 from mycroft.otlp import SpanRecord
 from mycroft.otlp_server import OtlpReceiver
 
@@ -88,8 +89,16 @@ def torchrun_command(script: Path | str, nproc: int, *args: str, instrumented: b
 
 def run_torchrun(script: Path | str, nproc: int, env: dict[str, str], *args: str, timeout: float = 240,
                  instrumented: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(torchrun_command(script, nproc, *args, instrumented=instrumented), env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    """The job's output; on a timeout every worker goes too (torchrun gives each its own session)."""
+    command = torchrun_command(script, nproc, *args, instrumented=instrumented)
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=str(REPO)) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(process)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 MIN_FULL_SUITE = 100

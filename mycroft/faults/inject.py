@@ -212,7 +212,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
     """Kill the launcher and every worker it started (continuing stopped ones first)."""
     victims = [*_descendants(proc.pid), proc.pid]
     for pid in victims:
@@ -331,7 +331,7 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
         finally:
             if linger_s and result.incident is not None:
                 time.sleep(linger_s)  # let the faulty state run on, so the recorded traces show it
-            _kill_tree(proc)
+            kill_tree(proc)
             result.wall_s = time.time() - started
             if log_dir is None and result.correct:
                 shutil.rmtree(work, ignore_errors=True)

@@ -142,7 +142,7 @@ def launch(topo: Topology, rca_grpc: str, job: str, fault_rank: int, step: int, 
 def run_net(rca: Any, fault: str, nproc: int, rank: int, step: int, heartbeat: float, step_s: float,
             timeout_s: float, log_dir: str | None, result: Any, topo: Topology) -> Any:
     """Like inject.run_one, for a network fault on an existing topology; fills `result`."""
-    from .inject import _kill_tree, score
+    from .inject import kill_tree, score
 
     work = tempfile.mkdtemp(prefix="mycroft-netfault-")
     log_path = os.path.join(log_dir or work, f"{result.job}.log")
@@ -175,5 +175,5 @@ def run_net(rca: Any, fault: str, nproc: int, rank: int, step: int, heartbeat: f
         return result
     finally:
         for proc in procs:
-            _kill_tree(proc)
+            kill_tree(proc)
         shutil.rmtree(work, ignore_errors=True)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from mycroft import schema
+from mycroft.faults.inject import kill_tree
 from tests.conftest import SpanSink, instrumented_env, run_torchrun, torchrun_command
 
 JOB = Path(__file__).parent / "jobs" / "blocking.py"
@@ -79,8 +80,7 @@ def test_sigterm_gives_a_final_heartbeat_even_inside_a_collective(otlp_sink: tup
         assert sink.wait_for(lambda spans: {b.rank for b in spans if b.attributes.get(schema.ATTR_HB_FINAL)}
                              == {0, 1}, 20)
     finally:
-        process.kill()
-        process.wait(30)
+        kill_tree(process)
     spans = sink.snapshot()
     final0 = next(b for b in _beats(spans, 0) if b.attributes.get(schema.ATTR_HB_FINAL))
     assert final0.attributes[schema.ATTR_HB_EXIT_REASON] == "SIGTERM"

@@ -7,10 +7,8 @@ OTLP, and (the hang) go to a real in-process RCA service.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 
 from mycroft import schema
-from mycroft.faults.inject import local_rca
+from mycroft.faults.inject import kill_tree, local_rca
 from tests.conftest import SpanSink, instrumented_env, run_torchrun, torchrun_command
 
 JOB = Path(__file__).parent / "jobs" / "nccl_like_job.py"
@@ -101,9 +99,7 @@ def test_a_rank_blocked_before_a_collective_is_the_root_cause_while_the_others_w
                 incident = next((i for i in rca.incidents(job) if i.get("root_causes")), None)
                 time.sleep(0.2)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
+            kill_tree(process)  # torchrun starts each worker in a session of its own: killpg misses them
         assert incident is not None, "no incident with a root cause within 30 s"
         top = incident["root_causes"][0]
         assert incident["kind"] == "hang", incident

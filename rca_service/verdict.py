@@ -54,6 +54,7 @@ from .triggers import (
     find_mismatches,
     find_slowdowns,
     hang_threshold,
+    late,
     lost_after,
     spoke_at,
 )
@@ -517,6 +518,22 @@ def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]
         return [crash]
     if ALIVE in status.values():
         slow = _slowdown_bounded(job, now, cfg)
-        if slow is not None:
+        if slow is not None and not _names_a_late_rank(job, slow, now, cfg):
             return [slow]
     return []
+
+
+def _names_a_late_rank(job: JobState, finding: Finding, now: float, cfg: AnalysisConfig) -> bool:
+    """A slowness verdict waits while a rank it blames has missed its heartbeat.
+
+    A straggler or a slow NIC still heartbeats on time (the heartbeat thread does not wait on
+    compute or the network). A rank that just crashed or froze looks like a straggler for a
+    beat or two (its peers wait on it, its last samples show it computing) before it is
+    lost; naming it "slow" first would page the wrong fault. The crash or hang verdict comes
+    once it is lost; a rank that was only delayed is named when its heartbeat arrives.
+    """
+    for cause in finding.root_causes:
+        rank = job.ranks.get(cause.rank) if cause.rank is not None else None
+        if rank is not None and late(job, rank, now, cfg):
+            return True
+    return False

@@ -290,6 +290,30 @@ def test_straggler_is_the_rank_whose_compute_held_while_the_others_waited() -> N
     assert [v["rank"] for v in found.victims] and 2 not in [v["rank"] for v in found.victims]
 
 
+def test_a_straggler_that_missed_its_heartbeat_is_not_named_slow_until_it_speaks_again() -> None:
+    """A rank that just crashed looks like a straggler (peers wait on it, it last computed):
+    the slowness verdict waits for its heartbeat, so the crash verdict can come first."""
+    from mycroft.rca_service.verdict import analyze_job
+
+    normal = [0.7] * 10 + [0.45] * 6
+    slow = [0.7] * 10 + [0.8] * 6
+    rate = [10] * 10 + [7] * 6
+    job = _work_job({0: normal, 1: normal, 2: slow, 3: normal}, {r: rate for r in range(4)})
+    now = 8.05  # the last samples are at 8.0 s (16 beats of 0.5 s)
+    job.heartbeats = 64
+    for rank in job.ranks.values():
+        rank.hb_interval, rank.last_hb_at, rank.first_seen = 0.5, 8.0, 0.0
+    cfg = AnalysisConfig()
+    findings = analyze_job(job, now, cfg)
+    assert [(f.kind, f.root_causes[0].rank) for f in findings] == [("slowdown", 2)]
+    job.memo.clear()
+    job.ranks[2].last_hb_at = 7.0  # silent for two intervals: late, not lost yet
+    assert analyze_job(job, now + 0.0, cfg) == []
+    job.memo.clear()
+    job.ranks[2].last_hb_at = 8.0  # it spoke again: a straggler after all
+    assert [(f.kind, f.root_causes[0].rank) for f in analyze_job(job, now, cfg)] == [("slowdown", 2)]
+
+
 def test_mild_imbalance_compares_with_same_work_peers_and_pauses_are_not_slowness() -> None:
     from mycroft.rca_service.slowness import find_straggle, peer_groups
 

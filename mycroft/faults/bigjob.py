@@ -224,8 +224,14 @@ class BigJob:
             return {}, HEALTHY
         tp_peers = [r for r in lay.tp_ranks(f) if r != f]
         ring = lay.dp_ranks(f)
-        if p.kind in ("block", "chain"):
-            return {f: HOLDER, **{r: TP_WAITER for r in tp_peers}}, DP_WAITER if p.kind == "chain" else WORLD_WAITER
+        if p.kind == "block":
+            return {f: HOLDER, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
+        if p.kind == "chain":
+            # the data-parallel rings of the stuck TP group wait in their all-reduce on a stuck member;
+            # every other ring completes its all-reduce (all its members entered) and then waits in the
+            # world collective: world -> DP ring -> TP group -> the holder
+            rings = {r: DP_WAITER for member in (f, *tp_peers) for r in lay.dp_ranks(member)}
+            return {**rings, f: HOLDER, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
         if p.kind in ("crash", "freeze"):
             return {f: SILENT, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
         if p.kind == "mismatch":

@@ -74,6 +74,26 @@ def test_every_fault_situation_decodes_to_the_encoders_output(fault: str) -> Non
     assert len(roles) >= 2, roles  # the fault changed what some ranks report
 
 
+@pytest.mark.parametrize(("world", "tp", "pp"), [(96, 2, 4), (384, 4, 3), (256, 8, 1), (1000, 8, 5)])
+def test_a_chain_stalls_only_the_rings_of_the_stuck_tensor_group(world: int, tp: int, pp: int) -> None:
+    """A data-parallel ring whose every member entered its all-reduce completes it: only the rings
+    through the stuck TP group wait there; every other rank waits in the world collective after."""
+    from mycroft.faults.simfaults import DP_WAITER, WORLD_WAITER
+
+    p = plan("chain", world, tp, seed=5)
+    job = BigJob("j", Layout(world, tp=tp, pp=pp), ops_per_s=10, fault=p, fault_at=1000.0)
+    job.tick(999.0)
+    job.tick(1001.0)
+    stuck = set(job.layout.tp_ranks(p.rank))
+    for start in range(tp * pp):
+        ring = job.layout.dp_ranks(start)
+        roles = {job.situation(r, 1001.5) for r in ring}
+        if stuck & set(ring):
+            assert DP_WAITER in roles, (start, roles)
+        else:
+            assert roles == {WORLD_WAITER}, (start, roles)
+
+
 def test_score_reads_the_verdict_the_fault_implies() -> None:
     assert score("block", 5, -1, "hang", [("not_entered", 5)])
     assert not score("block", 5, -1, "hang", [("not_entered", 6)])

@@ -74,6 +74,11 @@ class AnalysisConfig:
     # a holder that falls silent while its last stack was in an expected phase (a checkpoint holding the
     # GIL starves the heartbeat thread): a warning until silent this long, then critical
     paused_silence_grace_s: float = 10.0
+    # frames of torch.distributed's process-group setup: a rank whose stack is in one waits for the
+    # members of the group it creates (a rendezvous the spans do not show), not a root cause itself
+    setup_frames: tuple[str, ...] = (" in new_group", " in new_subgroups", " in init_process_group",
+                                     " in _new_process_group_helper", " in _store_based_barrier",
+                                     " in init_device_mesh", " in new_subgroups_by_enumeration")
     # a not-entered holder without a stack yet: the hang stays a warning until its stack arrives,
     # or until it has been idle this long plus one heartbeat interval (no stack is coming)
     stack_wait_s: float = 1.0

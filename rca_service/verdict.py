@@ -200,6 +200,7 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
         return None
     causes: list[RootCause] = []
     cycle = False
+    sink_ranks = {n[1] for sink in found for n in sink.nodes if n[0] == "r"}
     for sink in found:
         ranks = [n[1] for n in sink.nodes if n[0] == "r"]
         chain = " -> ".join(wfg.describe(n, job) for n in sink.path)
@@ -222,6 +223,21 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
             if decided is None:
                 return None  # it just missed a heartbeat: dead or alive decides the verdict, wait
             sink_status = decided
+            if sink_status == ALIVE and _in_group_setup(job, node[1], cfg):
+                silent = _silent_ranks(job, status, now, cfg)
+                if silent is None:
+                    return None  # a rank just missed its heartbeat: the one setup waits for may be dead; wait
+                if silent:  # it waits in setup for the members that never come: those are the cause
+                    for lost in silent:
+                        if lost in sink_ranks:
+                            continue  # a sink of its own: named there
+                        rc = _rank_evidence(job, lost, LOST if lost in job.ranks else UNSEEN, now, cfg)
+                        rc.evidence["text"] += (f"; rank {node[1]} waits for it in process-group setup "
+                                                "(a rendezvous of the group's members)")
+                        rc.evidence["wait_chain"] = f"{chain} -> (setup) -> rank {lost}"
+                        rc.evidence["blocked_ranks"] = sink.blast
+                        causes.append(rc)
+                    continue
             rc = _rank_evidence(job, node[1], sink_status, now, cfg)
         else:
             members = _op_members(job, node)
@@ -256,6 +272,29 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
     finding = Finding(job.job_id, kind, text, causes, summary, evidence, severity, reason)
     finding.draw = lambda: graph_view.hang_view(wf, found, job, [rc.to_dict() for rc in causes], now, now - oldest)
     return finding
+
+
+def _in_group_setup(job: JobState, rank_id: int, cfg: AnalysisConfig) -> bool:
+    """Its last stack is inside torch.distributed's process-group setup (new_group & co.)."""
+    rank = job.ranks.get(rank_id)
+    return rank is not None and any(frame in rank.stack for frame in cfg.setup_frames)
+
+
+def _silent_ranks(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> list[int] | None:
+    """The job's lost ranks, first silent first, then the ranks of its world that never reported
+    (once the job has run longer than a rank may take to be lost); None while some rank is late
+    but not lost yet, or the job is too young to tell a rank that never started from a slow one."""
+    lost: list[int] = []
+    for rank_id, rank in job.ranks.items():
+        if status.get(rank_id) == LOST:
+            lost.append(rank_id)
+        elif status.get(rank_id) == ALIVE and late(job, rank, now, cfg):
+            return None
+    lost.sort(key=lambda r: spoke_at(job, job.ranks[r]))
+    missing = [r for r in range(job.world_size) if r not in job.ranks] if len(job.ranks) < job.world_size else []
+    if missing and now - job.first_seen <= cfg.lost_intervals * job.hb_interval + cfg.lost_slack_s:
+        return None
+    return lost + missing
 
 
 def _first_ranks(job: JobState, ranks: frozenset[int], limit: int = 256) -> list[int]:

@@ -70,6 +70,61 @@ def test_a_rank_that_sent_spans_but_never_a_heartbeat_is_lost_from_its_first_spa
     assert "-1," not in text.replace(" ", "") and "17" + "96" not in text  # no sentinels, no epoch ages
 
 
+SETUP_STACK = ("job.py:171 in setup\njob.py:184 in _groups\n"
+               "torch/distributed/distributed_c10d.py:5863 in new_group\n"
+               "torch/distributed/distributed_c10d.py:2169 in _new_process_group_helper")
+
+
+def _hold_in_setup(stack: str) -> list:
+    """Rank 0 sits at `stack` outside the op ranks 1-3 wait in; rank 3 freezes after its first beat there."""
+    engine, job = _healthy()
+    events = []
+    t = start = job.now
+    while t <= start + 6:
+        silent = [3] if t > start else []
+        engine.ingest(job.heartbeats(t, not_entered=[0], silent=silent, stack=stack), t)
+        events.extend(engine.step(t))
+        t += 0.25
+    return [e.incident for e in events if e.action == "fired"]
+
+
+def test_a_rank_waiting_in_process_group_setup_is_not_the_root_cause_the_frozen_member_is() -> None:
+    """SIGSTOP in the first second: rank 0 waits inside new_group for a member that froze there;
+    the spans show no op for that rendezvous, so the frozen rank, once lost, is the root cause."""
+    fired = _hold_in_setup(SETUP_STACK)
+    assert fired and fired[0].kind == "hang", fired
+    top = fired[0].root_causes[0]
+    assert (top["rank"], top["kind"]) == (3, "process_lost"), fired[0].root_causes
+    assert [c["rank"] for c in fired[0].root_causes] == [3]
+    # elsewhere in its code, rank 0 is the one everybody waits for
+    fired = _hold_in_setup(HANG_STACK)
+    assert fired and (fired[0].root_causes[0]["rank"], fired[0].root_causes[0]["kind"]) == (0, "not_entered")
+
+
+def test_a_rank_that_froze_before_its_first_heartbeat_is_named_when_the_others_wait_in_setup() -> None:
+    """SIGSTOP at 0.03 s: rank 3 never reports; rank 1 waits in its TP group's first all-reduce
+    for rank 0, which waits inside new_group for the group with rank 3 (no span shows that)."""
+    from mycroft.faults.made_up_job import Group, InFlightOp, heartbeat
+
+    engine = Engine()
+    tp0, tp1 = Group("tp0", (0, 1)), Group("tp1", (2, 3))
+    events = []
+    t0 = t = 1000.0
+    counter = 0
+    while t <= t0 + 5:
+        counter += 1
+        beats = [heartbeat("setup", 0, 4, t, counter, [tp0], [0], [0], idle_s=t - t0, stack=SETUP_STACK),
+                 heartbeat("setup", 1, 4, t, counter, [tp0], [1], [0], [InFlightOp(tp0, 1, age_s=t - t0)]),
+                 heartbeat("setup", 2, 4, t, counter, [tp1], [0], [0], idle_s=t - t0, stack=SETUP_STACK)]
+        engine.ingest(beats, t)
+        events.extend(engine.step(t))
+        t += 0.5
+    fired = [e.incident for e in events if e.action == "fired"]
+    assert fired and fired[0].kind == "hang", fired
+    assert [(c["rank"], c["kind"]) for c in fired[0].root_causes] == [(3, "process_lost")], fired[0].root_causes
+    assert "process-group setup" in fired[0].root_causes[0]["evidence"]["text"]
+
+
 def test_spans_only_recordings_do_not_make_everyone_lost() -> None:
     engine = Engine()
     job = StepJob("spans-only", 4)

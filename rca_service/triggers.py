@@ -339,14 +339,16 @@ def _split(group: GroupState, seq: int, sigs: dict[int, Sig]) -> Mismatch:
         else:
             reps.append(sig)
             classes.append([rank])
-    history: Counter[tuple[str, int]] = Counter()
+    history: Counter[Sig] = Counter()
     for other_seq, rec in group.seqs.items():
         if other_seq != seq:
-            for sig in rec.sigs.values():
-                history[(sig[0], sig[1])] += 1
+            history.update(rec.sigs.values())
 
     def weight(i: int) -> tuple[int, int]:
-        return (len(classes[i]), history[(reps[i][0], reps[i][1])])
+        """Members first, then how often the group issued a signature that agrees with it before
+        (op, bytes and dtype as _differs compares them: a dtype-only tie of two members is broken
+        by the dtype the group always used)."""
+        return (len(classes[i]), sum(n for sig, n in history.items() if not _differs(reps[i], sig)))
 
     major = max(range(len(classes)), key=weight)
     minority = {rank: sigs[rank] for i, members in enumerate(classes) if i != major for rank in members}

@@ -101,6 +101,24 @@ def test_a_clean_seq_that_changes_is_checked_again() -> None:
     assert [sorted(m.minority) for m in found] == [[2]] and found[0].field == "bytes"
 
 
+def test_a_dtype_tie_of_two_members_names_the_one_that_broke_with_the_groups_history() -> None:
+    """A 2-rank TP group: one float64 against one float32, the float64 rank issuing first; the
+    group always all-reduced float32 before, so the float64 rank is the one that diverged."""
+    from mycroft.rca_service.state import GroupState, JobState, SeqRecord
+
+    job = JobState("job")
+    group = job.groups["tp"] = GroupState("tp", "tp", (356, 357))
+    for seq in range(1, 6):
+        group.seqs[seq] = SeqRecord(sigs={356: ("all_reduce", 1 << 20, "float32"),
+                                          357: ("all_reduce", 1 << 20, "float32")})
+    group.seqs[6] = SeqRecord(sigs={356: ("all_reduce", 1 << 20, "float64"), 357: ("all_reduce", 1 << 20, "float32")})
+    found = find_mismatches(job)
+    assert [(sorted(m.minority), m.field) for m in found] == [([356], "dtype")]
+    group.seqs[6] = SeqRecord(sigs={357: ("all_reduce", 1 << 20, "float32"), 356: ("all_reduce", 1 << 20, "float64")})
+    job.memo.clear()
+    assert [sorted(m.minority) for m in find_mismatches(job)] == [[356]]
+
+
 def test_work_windows_are_reused_until_a_heartbeat_adds_a_sample() -> None:
     cfg = AnalysisConfig()
     engine = Engine(cfg)

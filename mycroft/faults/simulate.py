@@ -190,6 +190,17 @@ def fault_list(spec: str) -> list[str]:
     return out
 
 
+def check_ring(faults: list[str], dp: int) -> None:
+    """The NCCL faults are modelled on the data-parallel ring through the faulty rank (its flows,
+    its neighbours): a ring of fewer than 3 ranks has no neighbour on each side to tell it apart."""
+    from mycroft.faults.simfaults import NCCL_FAULTS
+
+    nccl = [kind for kind in faults if kind in NCCL_FAULTS]
+    if nccl and dp < 3:
+        raise SystemExit(f"{', '.join(nccl)}: the NCCL faults run on a data-parallel ring of at least 3 ranks; "
+                         f"--ranks / (--tp x --pp) is {dp} (use --fault process, or more ranks)")
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Start the service (unless --endpoint), run the senders, watch the service; one result per run."""
     procs: list[Any] = []
@@ -441,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_term)
     if args.ranks % (args.tp * args.pp):
         raise SystemExit("--ranks must be a multiple of --tp x --pp")
+    check_ring(fault_list(args.fault), args.ranks // (args.tp * args.pp))
     for line in run(args):
         print(json.dumps(line), flush=True)
     return 0

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -20,3 +22,12 @@ def test_a_blocked_rank_of_256_is_the_root_cause_over_the_real_path() -> None:
     assert result["heartbeats_lost"] == 0 and result["false_incidents_before_fault"] == 0, result
     assert 0 < result["detected_s"] < 4.0, result
     assert result["offered_heartbeats_s"] > 200 and result["heartbeat_bytes_per_rank_s"] > 500
+
+
+def test_nccl_faults_need_a_data_parallel_ring_of_three() -> None:
+    from mycroft.faults.simulate import main
+
+    with pytest.raises(SystemExit, match="data-parallel ring of at least 3"):
+        main(["--ranks", "64", "--tp", "8", "--pp", "8", "--fault", "all"])
+    with pytest.raises(SystemExit, match="nic_down"):
+        main(["--ranks", "32", "--tp", "8", "--pp", "2", "--fault", "nic_down,block"])

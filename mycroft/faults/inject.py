@@ -272,6 +272,8 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
         nproc = shape.world
     else:
         nproc = max(nproc, MIN_NPROC.get(fault, 2))
+        if fault == "chain" and nproc % 2:
+            nproc += 1  # its TP x DP layout pairs the ranks (faultjob.py): an odd world runs one rank more
         if fault in HEALTHY and fault != "none":
             raise ValueError(f"the healthy scenario {fault!r} runs on 3D layouts (--layout 3d)")
         if trigger != "step":

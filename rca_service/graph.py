@@ -277,15 +277,16 @@ def sinks(wf: WaitForGraph, max_sinks: int = 64) -> list[Sink]:
     reach = _reachable(g, waiting)
     targets: list[Sink] = []
     owner: dict[Node, int] = {}
-    for node in reach:
-        if not succ[node] and node not in waiting:
-            owner[node] = len(targets)
-            targets.append(Sink(nodes=[node]))
+    # sinks in a fixed order (sets iterate in string-hash order, which differs per process): the
+    # first of two equally near sinks gets the ranks waiting on both, the same in every run
+    for node in sorted((n for n in reach if not succ[n] and n not in waiting), key=str):
+        owner[node] = len(targets)
+        targets.append(Sink(nodes=[node]))
     unresolved = [n for n in reach if n not in owner]
     parent: dict[Node, Node | None] = {n: None for n in owner}
     # cycles: reachable nodes that reach no sink node hold the sink cycles
     reaches_sink = _reverse_closure(pred, set(owner), reach)
-    trapped = [n for n in unresolved if n not in reaches_sink]
+    trapped = sorted((n for n in unresolved if n not in reaches_sink), key=str)
     if trapped:
         sub = nx.DiGraph(g.subgraph(trapped))
         cond = nx.condensation(sub)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 from mycroft.rca_service.alerts import SEND, STAND_DOWN, alert_action, should_alert, stood_down, webhook_payload
 from mycroft.rca_service.config import AnalysisConfig
@@ -100,6 +101,26 @@ def test_a_rank_waiting_in_process_group_setup_is_not_the_root_cause_the_frozen_
     # which of the two sinks comes first is not what this test is about)
     fired = _hold_in_setup(HANG_STACK)
     assert fired and (0, "not_entered") in [(c["rank"], c["kind"]) for c in fired[0].root_causes]
+
+
+def test_equally_near_sinks_are_ordered_the_same_in_every_process() -> None:
+    """Two sinks of one op (rank 0 not entered, rank 3 lost): the ranks waiting on both are
+    credited to the same one whatever the string-hash seed (seeds 2 and 7 drew the other before)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("from tests.rca.test_realism import _hold_in_setup, HANG_STACK\n"
+            "f = _hold_in_setup(HANG_STACK)[0]\n"
+            "print([(c['rank'], c['kind'], c['evidence'].get('blocked_ranks')) for c in f.root_causes])")
+    seen = set()
+    for seed in ("0", "2", "7"):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                             capture_output=True, text=True, timeout=60, cwd=str(REPO))
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen.add(out.stdout.strip())
+    assert len(seen) == 1, seen
 
 
 def test_a_rank_that_froze_before_its_first_heartbeat_is_named_when_the_others_wait_in_setup() -> None:

@@ -34,7 +34,12 @@ def rca() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    b = Browser()
+    try:
+        b = Browser()
+    except RuntimeError as first:  # a chromium that exits or stalls at start (seen once in a full run): once more
+        if "not installed" in str(first):
+            raise
+        b = Browser()
     try:
         yield b
     finally:

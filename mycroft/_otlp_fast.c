@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -34,8 +35,10 @@ typedef struct {
     PyObject *miss;        /* DecodeCache._miss(raw) -> (key, value) */
     PyObject *resource_bytes; /* DecodeCache.resource_bytes(raw) -> dict */
     PyObject *record_type; /* SpanRecord */
+    Memo *resources;       /* Resource bytes -> its attributes dict (DecodeCache.resource_bytes' result) */
     Py_ssize_t max_attributes;
     Py_ssize_t misses;
+    Py_ssize_t slots[11];  /* SpanRecord's slot offsets, in __init__'s order; slots[0] == 0: call it */
 } Ctx;
 
 enum { OK = 0, UNSURE = 1, ERROR = 2 }; /* UNSURE: let Python decode it; ERROR: a Python exception is set */
@@ -262,11 +265,45 @@ static PyObject *big_int(Cursor s) {
         for (Py_ssize_t i = 0; i < n; i++) v = (v << 8) | s.p[i];
         return PyLong_FromUnsignedLongLong(v);
     }
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)s.p, n);
-    if (raw == NULL) return NULL;
-    PyObject *value = PyObject_CallMethod((PyObject *)&PyLong_Type, "from_bytes", "Os", raw, "big");
-    Py_DECREF(raw);
-    return value;
+    return _PyLong_FromByteArray(s.p, (size_t)n, 0 /* big-endian */, 0 /* unsigned */);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Short strings that repeat in every span (attribute keys, span names), one object each.
+ *
+ * A decoded key used to be a new str per attribute per span, hashed again when it went into
+ * the span's dict. Direct-mapped by the bytes' hash, replaced on collision, bounded; only ever
+ * touched with the GIL held (decode() never releases it).
+ * --------------------------------------------------------------------------------------- */
+#define SHORT_MAX 64
+#define SHORT_SLOTS 256
+typedef struct {
+    Py_ssize_t len;
+    char bytes[SHORT_MAX];
+    PyObject *text; /* NULL: empty */
+} ShortEntry;
+static ShortEntry short_strings[SHORT_SLOTS];
+
+static PyObject *short_str(Cursor s) {
+    Py_ssize_t n = s.end - s.p;
+    if (n > SHORT_MAX) return utf8(s);
+    ShortEntry *e = &short_strings[hash_bytes(s.p, n) & (SHORT_SLOTS - 1)];
+    if (e->text != NULL && e->len == n && memcmp(e->bytes, s.p, (size_t)n) == 0) {
+        Py_INCREF(e->text);
+        return e->text;
+    }
+    PyObject *text = utf8(s);
+    if (text == NULL) return NULL;
+    if (PyObject_Hash(text) == -1) { /* cannot fail for str; its hash is now cached in the object */
+        Py_DECREF(text);
+        return NULL;
+    }
+    Py_XDECREF(e->text);
+    e->len = n;
+    memcpy(e->bytes, s.p, (size_t)n);
+    Py_INCREF(text);
+    e->text = text;
+    return text;
 }
 
 /* One AnyValue holding a string, int, double or bool (exactly one field), or empty (-> "").
@@ -339,11 +376,12 @@ static int key_value(Cursor kv, PyObject **key_out, PyObject **value_out) {
                 return ERROR;
             }
         }
+        PyObject_GC_UnTrack(value); /* see untrack() */
     } else {
         int r = scalar(any, &value);
         if (r != OK) return r;
     }
-    PyObject *k = utf8(key);
+    PyObject *k = short_str(key);
     if (k == NULL) {
         Py_DECREF(value);
         return UNSURE;
@@ -412,6 +450,17 @@ static int status(Cursor c, int32_t *code, Cursor *message) {
     return OK;
 }
 
+/* A decoded span is a tree of atoms (str, int, float, bool) in lists and dicts: it cannot be part of
+ * a reference cycle, so the cyclic GC need not track it. At 16k heartbeats/s a second of queued
+ * records (~100k containers) was traversed by every young collection and promoted, only to be
+ * freed by reference counting moments later. Consumers treat decoded values as read-only (they
+ * are shared, mycroft.otlp.DecodeCache); one that stored a container in them would only make a
+ * cycle through it uncollectable. The record's dict is the span's own; the resource is shared. */
+static void untrack(PyObject *record, PyObject *attrs) {
+    PyObject_GC_UnTrack(attrs);
+    PyObject_GC_UnTrack(record);
+}
+
 /* One Span -> a SpanRecord appended to `out`. */
 static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObject *out) {
     static const uint8_t nothing = 0;
@@ -438,10 +487,12 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
         default: if (skip(&c, wire) != OK) return UNSURE;
         }
     }
-    PyObject *attrs = PyDict_New();
+    Py_ssize_t count = 0;
+    Cursor kv, scan = body;
+    while (count < ctx->max_attributes && next_delimited(&scan, 9, &kv)) count++;
+    PyObject *attrs = _PyDict_NewPresized(count); /* no resizing while ~21 attributes go in */
     if (attrs == NULL) return ERROR;
     Py_ssize_t seen = 0;
-    Cursor kv;
     while (seen < ctx->max_attributes && next_delimited(&body, 9, &kv)) { /* second pass: the attributes */
         seen++;
         if (attribute(ctx, kv, attrs) != OK) {
@@ -452,7 +503,7 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
     PyObject *args[11] = {NULL};
     args[0] = trace_id.p == trace_id.end ? PyLong_FromLong(0) : big_int(trace_id);
     args[1] = span_id.p == span_id.end ? PyLong_FromLong(0) : big_int(span_id);
-    args[2] = utf8(name);
+    args[2] = short_str(name);
     args[3] = PyLong_FromUnsignedLongLong(start);
     args[4] = PyLong_FromUnsignedLongLong(end);
     args[5] = attrs;
@@ -460,15 +511,27 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
     args[6] = resource;
     args[7] = parent.p == parent.end ? PyLong_FromLong(0) : big_int(parent);
     args[8] = PyLong_FromLong(code);
-    args[9] = utf8(message);
+    args[9] = short_str(message);
     Py_INCREF(scope);
     args[10] = scope;
     int r = OK;
     for (int i = 0; i < 11; i++)
         if (args[i] == NULL) r = PyErr_Occurred() ? ERROR : UNSURE;
     if (r == OK) {
-        PyObject *record = PyObject_Vectorcall(ctx->record_type, args, 11, NULL);
+        PyObject *record;
+        if (ctx->slots[0]) { /* what SpanRecord's dataclass __init__ does, without a Python frame */
+            PyTypeObject *type = (PyTypeObject *)ctx->record_type;
+            record = type->tp_alloc(type, 0);
+            if (record != NULL)
+                for (int i = 0; i < 11; i++) { /* the new object's slots are NULL: each takes its reference */
+                    *(PyObject **)((char *)record + ctx->slots[i]) = args[i];
+                    args[i] = NULL;
+                }
+        } else {
+            record = PyObject_Vectorcall(ctx->record_type, args, 11, NULL);
+        }
         if (record == NULL || PyList_Append(out, record) < 0) r = ERROR;
+        else untrack(record, attrs);
         Py_XDECREF(record);
     }
     for (int i = 0; i < 11; i++) Py_XDECREF(args[i]);
@@ -526,16 +589,62 @@ static int resource_spans(Ctx *ctx, Cursor c, PyObject *out) {
             return UNSURE;
         }
     }
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)resource.p, resource.end - resource.p);
-    if (raw == NULL) return ERROR;
-    PyObject *attrs = PyObject_CallOneArg(ctx->resource_bytes, raw);
-    Py_DECREF(raw);
-    if (attrs == NULL) return ERROR;
+    /* every span of a process repeats its resource: its bytes are looked up here, Python decodes
+     * (and checks) a resource only the first time (DecodeCache.resource_bytes) */
+    Py_ssize_t n = resource.end - resource.p;
+    uint64_t h = hash_bytes(resource.p, n);
+    Entry *hit = memo_find(ctx->resources, resource.p, n, h);
+    PyObject *attrs;
+    if (hit->bytes != NULL) {
+        attrs = hit->value;
+        Py_INCREF(attrs);
+    } else {
+        PyObject *raw = PyBytes_FromStringAndSize((const char *)resource.p, n);
+        if (raw == NULL) return ERROR;
+        attrs = PyObject_CallOneArg(ctx->resource_bytes, raw);
+        Py_DECREF(raw);
+        if (attrs == NULL) return ERROR;
+        if (memo_put(ctx->resources, resource.p, n, h, Py_None, attrs) < 0) {
+            Py_DECREF(attrs);
+            return ERROR;
+        }
+    }
     int r = OK;
     Cursor s;
     while (r == OK && next_delimited(&first, 2, &s)) r = scope_spans(ctx, s, attrs, out);
     Py_DECREF(attrs);
     return r;
+}
+
+/* SpanRecord's fields as slots of a plain dataclass: their offsets into ctx->slots, so that a
+ * record is filled in directly; anything else (no slots, a __post_init__, a field that is not an
+ * object slot) leaves slots[0] 0 and records are made by calling the type. */
+static const char *const RECORD_FIELDS[11] = {"trace_id", "span_id", "name", "start_ns", "end_ns", "attributes",
+                                              "resource", "parent_span_id", "status_code", "status_message",
+                                              "scope"};
+
+static int record_layout(Ctx *ctx) {
+    ctx->slots[0] = 0;
+    if (!PyType_Check(ctx->record_type)) return 0;
+    PyTypeObject *type = (PyTypeObject *)ctx->record_type;
+    int plain = PyObject_HasAttrString(ctx->record_type, "__dataclass_fields__") &&
+                !PyObject_HasAttrString(ctx->record_type, "__post_init__") && type->tp_alloc == PyType_GenericAlloc;
+    if (!plain) return 0;
+    Py_ssize_t slots[11];
+    for (int i = 0; i < 11; i++) {
+        PyObject *descr = PyObject_GetAttrString(ctx->record_type, RECORD_FIELDS[i]);
+        if (descr == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        int member = Py_IS_TYPE(descr, &PyMemberDescr_Type);
+        PyMemberDef *def = member ? ((PyMemberDescrObject *)descr)->d_member : NULL;
+        Py_DECREF(descr);
+        if (def == NULL || def->type != T_OBJECT_EX || (def->flags & READONLY) || def->offset <= 0) return 0;
+        slots[i] = def->offset;
+    }
+    memcpy(ctx->slots, slots, sizeof slots);
+    return 0;
 }
 
 /* A whole request must be well-formed before any Python call sees part of it. */
@@ -554,7 +663,7 @@ static int check_request(Cursor c) {
 }
 
 PyDoc_STRVAR(decode_doc,
-             "decode(payload, memo, volatile_keys, miss, resource_bytes, record_type, max_attributes)\n"
+             "decode(payload, memo, volatile_keys, miss, resource_bytes, record_type, max_attributes, resources)\n"
              "-> (records, misses) | None\n\n"
              "ExportTraceServiceRequest bytes -> SpanRecords, as mycroft.otlp.records_from_lean gives them;\n"
              "None where the Python path must decide (unusual or malformed input).");
@@ -563,9 +672,14 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer payload;
     Ctx ctx = {0};
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*O!O!OOOn", &payload, &MemoType, &ctx.memo, &PyFrozenSet_Type,
-                          &ctx.volatile_keys, &ctx.miss, &ctx.resource_bytes, &ctx.record_type, &ctx.max_attributes))
+    if (!PyArg_ParseTuple(args, "y*O!O!OOOnO!", &payload, &MemoType, &ctx.memo, &PyFrozenSet_Type,
+                          &ctx.volatile_keys, &ctx.miss, &ctx.resource_bytes, &ctx.record_type, &ctx.max_attributes,
+                          &MemoType, &ctx.resources))
         return NULL;
+    if (record_layout(&ctx) < 0) {
+        PyBuffer_Release(&payload);
+        return NULL;
+    }
     Cursor c = {(const uint8_t *)payload.buf, (const uint8_t *)payload.buf + payload.len};
     PyObject *out = NULL;
     int r = check_request(c);

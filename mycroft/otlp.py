@@ -156,6 +156,8 @@ class DecodeCache:
         self.misses = 0
         # the compiled decoder's own memo (same rule, same bound): looked up without a bytes object
         self.memo = _otlp_fast.Memo(max_entries) if _otlp_fast is not None else None
+        # and its resources (dicts from resource_bytes, by the Resource's bytes): one Python call per process
+        self.resource_memo = _otlp_fast.Memo(max_entries) if _otlp_fast is not None else None
 
     def kv_bytes(self, raws: Iterable[bytes]) -> dict[str, AttrValue]:
         """Serialized KeyValues -> attributes; bytes seen before cost a lookup. (A loop here
@@ -211,7 +213,7 @@ class DecodeCache:
         if _otlp_fast is None:
             return None
         found = _otlp_fast.decode(payload, self.memo, VOLATILE_KEYS, self._miss, self.resource_bytes, SpanRecord,
-                                  MAX_ATTRIBUTES)
+                                  MAX_ATTRIBUTES, self.resource_memo)
         if found is None:
             return None
         records, misses = found

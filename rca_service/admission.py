@@ -7,7 +7,10 @@ it, and `job_key` which JobState it belongs to:
   otherwise become a silent rank and a false crash), p2p peers too;
 - group member lists are checked against the world size on their range ends, so a
   9-byte "0-999999999" is refused instead of expanded to a billion ints;
-- parallel arrays of a heartbeat are capped;
+- a heartbeat's arrays that drive work or state are capped: the leading array of each table
+  (group ids, in-flight group ids, digest group ids; the fold reads the parallel arrays only
+  at the leading one's indices, so their extra elements are never read) and the two lists
+  admission itself walks (member strings, in-flight peers);
 - two launches under one job id (a clash, or a relaunch) never share state: a record
   of another run (mycroft.run.id, or a different world size for senders without one)
   gets its own JobState "JOB#RUN" while the first run is alive; a relaunch (same run
@@ -36,13 +39,6 @@ REASONS = (REJECT_RANK_OUT_OF_WORLD, REJECT_BAD_WORLD_SIZE, REJECT_BAD_GROUP_RAN
 MAX_INFLIGHT_OPS = 4096  # per heartbeat
 QUIET_INTERVALS = 3.0  # a run silent this many heartbeat intervals has ended: a new run may replace it
 
-_HB_GROUP_ARRAYS = (schema.ATTR_HB_GROUP_IDS, schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_SIZES,
-                    schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_GROUP_ISSUED, schema.ATTR_HB_GROUP_COMPLETED)
-_HB_INFLIGHT_ARRAYS = (schema.ATTR_HB_INFLIGHT_GROUP_IDS, schema.ATTR_HB_INFLIGHT_SEQS, schema.ATTR_HB_INFLIGHT_OPS,
-                       schema.ATTR_HB_INFLIGHT_AGES_S, schema.ATTR_HB_INFLIGHT_PEERS, schema.ATTR_HB_INFLIGHT_BYTES,
-                       schema.ATTR_HB_INFLIGHT_DTYPES)
-
-
 def _int(value: Any, default: int) -> int:
     try:
         return int(value)
@@ -54,28 +50,37 @@ def world_of(record: SpanRecord) -> int:
     return resource_facts(record.resource)[2]
 
 
-#: id(resource) -> (the resource, its job id, run id, world size)
-_RESOURCE_FACTS: dict[int, tuple[dict[str, Any], str, str, int]] = {}
+Facts = tuple[str, str, int]  # (job id, run id, world size)
+
+#: id(resource) -> (the resource, its facts)
+_RESOURCE_FACTS: dict[int, tuple[dict[str, Any], Facts]] = {}
+#: one tuple per distinct facts: every process of a job shares it, so its identity keys a memo
+_INTERNED_FACTS: dict[Facts, Facts] = {}
 
 
-def resource_facts(resource: dict[str, Any]) -> tuple[str, str, int]:
+def resource_facts(resource: dict[str, Any]) -> Facts:
     """(job id, run id, world size) a resource names: what every record of a process repeats.
 
     Memoized by the dict's identity: the decoders share one dict per distinct resource (every
     span of a process), and the entry holds it, so its id cannot be reused while remembered.
-    Callers treat resources as read-only (as the decoders' shared values).
+    Callers treat resources as read-only (as the decoders' shared values). Equal facts are one
+    tuple (interned): a job's 16k processes give the same object, which `apply_records` uses to
+    look the job up once per batch.
     """
     found = _RESOURCE_FACTS.get(id(resource))
     if found is not None and found[0] is resource:
-        return found[1], found[2], found[3]
+        return found[1]
     job = resource.get(schema.RES_JOB_ID)
     if job is None:
         job = resource.get(schema.RES_SERVICE_NAME, "unknown")
     run = resource.get(schema.RES_RUN_ID)
-    facts = (str(job), str(run)[:128] if run is not None else "", _int(resource.get(schema.RES_WORLD_SIZE), 0))
+    facts: Facts = (str(job), str(run)[:128] if run is not None else "", _int(resource.get(schema.RES_WORLD_SIZE), 0))
     if len(_RESOURCE_FACTS) >= 1 << 16:
         _RESOURCE_FACTS.clear()
-    _RESOURCE_FACTS[id(resource)] = (resource, *facts)
+    if len(_INTERNED_FACTS) >= 1 << 12:
+        _INTERNED_FACTS.clear()
+    facts = _INTERNED_FACTS.setdefault(facts, facts)
+    _RESOURCE_FACTS[id(resource)] = (resource, facts)
     return facts
 
 
@@ -95,8 +100,8 @@ def _bad_ranks_text(text: str, limit: int, max_ranks: int) -> bool:
     return False
 
 
-#: (what, id(list)) -> (the list, limit, max ranks, bad)
-_LIST_VERDICTS: dict[tuple[str, int], tuple[list[Any], int, int, bool]] = {}
+#: per kind of list ("members", "peers"): id(list) -> (the list, limit, max ranks, bad)
+_LIST_VERDICTS: dict[str, dict[int, tuple[list[Any], int, int, bool]]] = {"members": {}, "peers": {}}
 
 
 def _bad_list(what: str, values: list[Any], limit: int, cfg: AnalysisConfig) -> bool:
@@ -107,16 +112,17 @@ def _bad_list(what: str, values: list[Any], limit: int, cfg: AnalysisConfig) -> 
     that carried the same bytes (a rank's table repeats every beat); the entry holds the
     list, so its id cannot be reused while it is remembered.
     """
-    found = _LIST_VERDICTS.get((what, id(values)))
+    verdicts = _LIST_VERDICTS[what]
+    found = verdicts.get(id(values))
     if found is not None and found[0] is values and found[1] == limit and found[2] == cfg.max_ranks_per_job:
         return found[3]
     if what == "members":
         bad = any(_bad_ranks(text, limit, cfg) for text in values)
     else:
         bad = any(_peer_bad(peer, limit) for peer in values)
-    if len(_LIST_VERDICTS) >= 1 << 16:
-        _LIST_VERDICTS.clear()
-    _LIST_VERDICTS[(what, id(values))] = (values, limit, cfg.max_ranks_per_job, bad)
+    if len(verdicts) >= 1 << 16:
+        verdicts.clear()
+    verdicts[id(values)] = (values, limit, cfg.max_ranks_per_job, bad)
     return bad
 
 
@@ -125,22 +131,30 @@ def _peer_bad(value: Any, limit: int) -> bool:
     return peer >= limit or peer < -1
 
 
-def _oversized_heartbeat(a: dict[str, Any], cfg: AnalysisConfig) -> str | None:
+def _oversized(value: Any, cap: int) -> bool:
+    return value.__class__ is list and len(value) > cap
+
+
+def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig) -> str | None:
     get, groups_cap = a.get, cfg.max_groups_per_job
-    for key in _HB_GROUP_ARRAYS:
-        value = get(key)
-        if value.__class__ is list and len(value) > groups_cap:
-            return REJECT_OVERSIZED
-    for key in _HB_INFLIGHT_ARRAYS:
-        value = get(key)
-        if value.__class__ is list and len(value) > MAX_INFLIGHT_OPS:
-            return REJECT_OVERSIZED
+    members, peers = get(schema.ATTR_HB_GROUP_RANKS), get(schema.ATTR_HB_INFLIGHT_PEERS)
+    if _oversized(get(schema.ATTR_HB_GROUP_IDS), groups_cap) or _oversized(members, groups_cap) \
+            or _oversized(get(schema.ATTR_HB_DIGEST_GROUP_IDS), groups_cap) \
+            or _oversized(get(schema.ATTR_HB_INFLIGHT_GROUP_IDS), MAX_INFLIGHT_OPS) \
+            or _oversized(peers, MAX_INFLIGHT_OPS):
+        return REJECT_OVERSIZED
+    if members.__class__ is list and _bad_list("members", members, limit, cfg):
+        return REJECT_BAD_GROUP_RANKS
+    if peers.__class__ is list and peers and _bad_list("peers", peers, limit, cfg):
+        return REJECT_PEER_OUT_OF_WORLD
     return None
 
 
-def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | None:
-    """Why this record (of `rank`) must not enter the state, or None."""
-    world = world_of(record)
+def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig, world: int | None = None) -> str | None:
+    """Why this record (of `rank`; `world`: its resource's world size where the caller has it) must
+    not enter the state, or None."""
+    if world is None:
+        world = world_of(record)
     if world < 0 or world > cfg.max_ranks_per_job:
         return REJECT_BAD_WORLD_SIZE
     limit = world or cfg.max_ranks_per_job
@@ -149,15 +163,7 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig) -> str | N
     a = record.attributes
     kind = a.get(schema.ATTR_SPAN_KIND, "")
     if kind == schema.KIND_HEARTBEAT:
-        oversized = _oversized_heartbeat(a, cfg)
-        if oversized:
-            return oversized
-        members = a.get(schema.ATTR_HB_GROUP_RANKS)
-        if isinstance(members, list) and _bad_list("members", members, limit, cfg):
-            return REJECT_BAD_GROUP_RANKS
-        peers = a.get(schema.ATTR_HB_INFLIGHT_PEERS)
-        if isinstance(peers, list) and peers and _bad_list("peers", peers, limit, cfg):
-            return REJECT_PEER_OUT_OF_WORLD
+        return _heartbeat_reason(a, limit, cfg)
     elif kind == schema.KIND_COLLECTIVE:
         if _bad_ranks(a.get(schema.ATTR_GROUP_RANKS), limit, cfg):
             return REJECT_BAD_GROUP_RANKS

@@ -259,9 +259,11 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
 
 def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
                      cfg: AnalysisConfig) -> None:
+    # the values' common types are tested first (`.__class__ is`): the conversions are the rare path
     a = record.attributes
-    counter = a.get(schema.ATTR_HB_COUNTER, -1)
-    if type(counter) is not int:
+    get = a.get
+    counter = get(schema.ATTR_HB_COUNTER, -1)
+    if counter.__class__ is not int:
         counter = _int(counter, -1)
     if counter >= 0 and counter < rank.hb_counter and received_at <= rank.last_hb_at:
         return  # an older heartbeat delivered late: the newer snapshot stands
@@ -269,56 +271,72 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank.hb_counter = counter
     if received_at > rank.last_hb_at:
         rank.last_hb_at = received_at
-    rank.hb_interval = _float(a.get(schema.ATTR_HB_INTERVAL_S), rank.hb_interval) or rank.hb_interval
+    interval = get(schema.ATTR_HB_INTERVAL_S)
+    if interval.__class__ is not float:
+        interval = _float(interval, rank.hb_interval)
+    if interval:
+        rank.hb_interval = interval
     job.hb_interval = rank.hb_interval
     if not rank.final:
-        rank.final = bool(a.get(schema.ATTR_HB_FINAL, False))
+        rank.final = bool(get(schema.ATTR_HB_FINAL, False))
     if rank.final:
-        rank.exit_reason = str(a.get(schema.ATTR_HB_EXIT_REASON, rank.exit_reason or "exit"))
-    idle = a.get(schema.ATTR_HB_IDLE_S)
-    rank.idle_s = idle if type(idle) is float else _float(idle)
+        rank.exit_reason = str(get(schema.ATTR_HB_EXIT_REASON, rank.exit_reason or "exit"))
+    idle = get(schema.ATTR_HB_IDLE_S)
+    rank.idle_s = idle if idle.__class__ is float else _float(idle)
     rank.idle_observed_at = received_at
-    stack = a.get(schema.ATTR_HB_STACK, "")
-    rank.stack = (stack if type(stack) is str else str(stack))[-cfg.max_stack_chars:]
-    comm = a.get(schema.ATTR_HB_COMM_S)
+    stack = get(schema.ATTR_HB_STACK, "")
+    if stack.__class__ is not str:
+        stack = str(stack)
+    rank.stack = stack if len(stack) <= cfg.max_stack_chars else stack[-cfg.max_stack_chars:]
+    comm = get(schema.ATTR_HB_COMM_S)
     if comm is not None:
         at = record.end_ns / 1e9
-        if not rank.work or at > rank.work[-1][0]:
-            rank.work.append((at, _float(comm), _int(a.get(schema.ATTR_HB_OPS_DONE))))
-    step = a.get(schema.ATTR_HB_STEP)
+        work = rank.work
+        if not work or at > work[-1][0]:
+            done = get(schema.ATTR_HB_OPS_DONE)
+            work.append((at, comm if comm.__class__ is float else _float(comm),
+                         done if done.__class__ is int else _int(done)))
+    step = get(schema.ATTR_HB_STEP)
     if step is not None:
         rank.step = _int(step)
-    dropped = a.get(schema.ATTR_HB_DROPPED)
+    dropped = get(schema.ATTR_HB_DROPPED)
     if dropped is not None:
-        rank.dropped = dropped if type(dropped) is int else _int(dropped, rank.dropped)
+        rank.dropped = dropped if dropped.__class__ is int else _int(dropped, rank.dropped)
 
-    issued_v = a.get(schema.ATTR_HB_GROUP_ISSUED)
-    completed_v = a.get(schema.ATTR_HB_GROUP_COMPLETED)
-    issued = issued_v if isinstance(issued_v, list) else _list(issued_v)
-    completed = completed_v if isinstance(completed_v, list) else _list(completed_v)
+    issued = get(schema.ATTR_HB_GROUP_ISSUED)
+    completed = get(schema.ATTR_HB_GROUP_COMPLETED)
+    if issued.__class__ is not list:
+        issued = _list(issued)
+    if completed.__class__ is not list:
+        completed = _list(completed)
     n_issued, n_completed = len(issued), len(completed)
     rank_issued, rank_completed = rank.issued, rank.completed
     for i, gid in _group_table(job, rank, a, cfg):
         if i < n_issued:
             seq = issued[i]
-            if type(seq) is not int:
+            if seq.__class__ is not int:
                 seq = _int(seq)
             if seq > rank_issued.get(gid, 0):
                 rank_issued[gid] = seq
         if i < n_completed:
             seq = completed[i]
-            if type(seq) is not int:
+            if seq.__class__ is not int:
                 seq = _int(seq)
             if seq > rank_completed.get(gid, 0):
                 rank_completed[gid] = seq
                 job.last_progress_at = received_at
                 job.completions += 1
 
-    gids = a.get(schema.ATTR_HB_INFLIGHT_GROUP_IDS)
+    gids = get(schema.ATTR_HB_INFLIGHT_GROUP_IDS)
     inflight: list[InFlight] = []
     if gids:
-        inflight = _inflight(job, rank, a, _list(gids), received_at, cfg)
-    rank.inflight = [op for op in inflight if not _done(rank, op)] if inflight else inflight
+        inflight = _inflight(job, rank, a, gids if gids.__class__ is list else _list(gids), received_at, cfg)
+    if inflight:
+        completed_at = rank_completed.get
+        rank.inflight = [op for op in inflight if (completed_at(op.group_id, 0) < op.seq if op.peer < 0
+                                                   else not _done(rank, op))]
+    else:
+        rank.inflight = inflight
     flow_keys = a.keys() & FLOW_KEYS  # a set operation in C instead of a prefix test per key
     rank.flows = {key: _list(a[key]) for key in flow_keys} if flow_keys else {}
     digest_gids = a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)
@@ -353,46 +371,66 @@ def _fold_digests(job: JobState, rank: RankState, a: dict[str, Any], gids: list[
             seen[rank.rank] = value
 
 
-def _seq_at(values: list[Any], i: int, default: int = 0) -> int:
-    if i >= len(values):
-        return default
-    value = values[i]
-    return value if type(value) is int else _int(value, default)
-
-
 def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any], received_at: float,
               cfg: AnalysisConfig) -> list[InFlight]:
     """The heartbeat's in-flight ops (parallel arrays); collectives also advance the issued frontier
-    and leave their signature at their seq (a mismatch that hangs shows there)."""
-    def arr(key: str) -> list[Any]:
-        value = a.get(key)
-        return value if isinstance(value, list) else _list(value)  # read-only: decoded values are shared
-
-    seqs, ops, ages = arr(schema.ATTR_HB_INFLIGHT_SEQS), arr(schema.ATTR_HB_INFLIGHT_OPS), \
-        arr(schema.ATTR_HB_INFLIGHT_AGES_S)
-    peers, sizes, dtypes = arr(schema.ATTR_HB_INFLIGHT_PEERS), arr(schema.ATTR_HB_INFLIGHT_BYTES), \
-        arr(schema.ATTR_HB_INFLIGHT_DTYPES)
+    and leave their signature at their seq (a mismatch that hangs shows there). Decoded values are
+    shared between heartbeats: read, never changed."""
+    get = a.get
+    seqs, ops, ages = get(schema.ATTR_HB_INFLIGHT_SEQS), get(schema.ATTR_HB_INFLIGHT_OPS), \
+        get(schema.ATTR_HB_INFLIGHT_AGES_S)
+    peers, sizes, dtypes = get(schema.ATTR_HB_INFLIGHT_PEERS), get(schema.ATTR_HB_INFLIGHT_BYTES), \
+        get(schema.ATTR_HB_INFLIGHT_DTYPES)
+    if seqs.__class__ is not list:
+        seqs = _list(seqs)
+    if ops.__class__ is not list:
+        ops = _list(ops)
+    if ages.__class__ is not list:
+        ages = _list(ages)
+    if peers.__class__ is not list:
+        peers = _list(peers)
+    if sizes.__class__ is not list:
+        sizes = _list(sizes)
+    if dtypes.__class__ is not list:
+        dtypes = _list(dtypes)
+    n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = len(seqs), len(ops), len(ages), len(peers), len(sizes), \
+        len(dtypes)
     inflight: list[InFlight] = []
-    groups = job.groups
-    for i, gid_v in enumerate(gids):
-        gid = gid_v if type(gid_v) is str else str(gid_v)
-        age = ages[i] if i < len(ages) else 0.0
-        op = InFlight(gid, _seq_at(seqs, i), str(ops[i]) if i < len(ops) else "",
-                      age if type(age) is float else _float(age), _seq_at(peers, i, -1), _seq_at(sizes, i),
-                      received_at)
-        inflight.append(op)
-        if op.peer >= 0:
-            key = _p2p_key(gid, rank.rank, op.peer, op.op)
-            rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), op.seq)
-        else:
-            _advance(rank.issued, gid, op.seq)
-            group = groups.get(gid)
-            if group is not None:
-                dtype = str(dtypes[i]) if i < len(dtypes) else ""
-                rec = _seq_record(group, op.seq, cfg)
-                if rank.rank not in rec.sigs:
-                    rec.sigs[rank.rank] = (op.op, op.bytes, dtype)
-                    rec.version += 1
+    groups, issued, me = job.groups, rank.issued, rank.rank
+    for i, gid in enumerate(gids):
+        if gid.__class__ is not str:
+            gid = str(gid)
+        seq = seqs[i] if i < n_seqs else 0
+        if seq.__class__ is not int:
+            seq = _int(seq)
+        name = ops[i] if i < n_ops else ""
+        if name.__class__ is not str:
+            name = str(name)
+        age = ages[i] if i < n_ages else 0.0
+        if age.__class__ is not float:
+            age = _float(age)
+        peer = peers[i] if i < n_peers else -1
+        if peer.__class__ is not int:
+            peer = _int(peer, -1)
+        size = sizes[i] if i < n_sizes else 0
+        if size.__class__ is not int:
+            size = _int(size)
+        inflight.append(InFlight(gid, seq, name, age, peer, size, received_at))
+        if peer >= 0:
+            key = _p2p_key(gid, me, peer, name)
+            rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
+            continue
+        if seq > issued.get(gid, 0):
+            issued[gid] = seq
+        group = groups.get(gid)
+        if group is not None:
+            rec = group.seqs.get(seq)
+            if rec is None:
+                rec = _seq_record(group, seq, cfg)
+            if me not in rec.sigs:
+                dtype = dtypes[i] if i < n_dtypes else ""
+                rec.sigs[me] = (name, size, dtype if dtype.__class__ is str else str(dtype))
+                rec.version += 1
     return inflight
 
 
@@ -473,28 +511,41 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
     """
     used = 0
     folded = (schema.KIND_HEARTBEAT, schema.KIND_COLLECTIVE, schema.KIND_P2P)
+    # the job of each distinct (interned) resource facts, as of this call: a batch of 512 ranks'
+    # heartbeats of one job looks its job up once (checked still current: a later record may evict it)
+    jobs_by_facts: dict[int, JobState] = {}
     for record in records:
-        kind = record.attributes.get(schema.ATTR_SPAN_KIND, "")
+        a = record.attributes
+        kind = a.get(schema.ATTR_SPAN_KIND, "")
         if kind not in folded:
             continue
-        rank_id = record.attributes.get(schema.ATTR_RANK)
+        rank_id = a.get(schema.ATTR_RANK)
         if type(rank_id) is not int:  # the common case is an int attribute; else SpanRecord's rules
             rank_id = record.rank
         if rank_id is None or rank_id < 0:
             continue
-        reason = admission.reject_reason(record, rank_id, cfg)
+        facts = admission.resource_facts(record.resource)
+        world = facts[2]
+        reason = admission.reject_reason(record, rank_id, cfg, world)
         if reason is not None:
             if rejected is not None:
                 rejected[reason] = rejected.get(reason, 0) + 1
             continue
         at = record.end_ns / 1e9 if use_span_time else received_at
-        job = _job_for(jobs, record, at, cfg, evicted)
+        job = None
+        if not use_span_time and schema.RES_JOB_ID not in a:
+            job = jobs_by_facts.get(id(facts))
+            if job is not None and jobs.get(job.job_id) is not job:
+                job = None
+        if job is None:
+            job = _job_for(jobs, record, at, cfg, evicted, facts)
+            if not use_span_time and schema.RES_JOB_ID not in a:
+                jobs_by_facts[id(facts)] = job
         if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
             job.dropped_records += 1
             continue
         if at > job.last_seen:
             job.last_seen = at
-        world = admission.resource_facts(record.resource)[2]
         if world > job.world_size:
             job.world_size = world
         rank = _rank_state(job, record, rank_id, at)
@@ -508,10 +559,10 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
 
 
 def _job_for(jobs: dict[str, JobState], record: SpanRecord, at: float, cfg: AnalysisConfig,
-             evicted: list[str] | None) -> JobState:
+             evicted: list[str] | None, facts: admission.Facts | None = None) -> JobState:
     """The state of the record's run: a second live run under the same job id gets its own."""
     job_attr = record.attributes.get(schema.RES_JOB_ID)
-    resource_job, run, world = admission.resource_facts(record.resource)
+    resource_job, run, world = facts if facts is not None else admission.resource_facts(record.resource)
     key = job_id = resource_job if job_attr is None else str(job_attr)
     job = jobs.get(key)
     if job is not None and not admission.same_run(job.run_id, job.world_size, run, world):

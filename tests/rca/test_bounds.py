@@ -76,6 +76,45 @@ def test_rank_beyond_world_is_refused_not_a_false_crash() -> None:
     assert rejected == {"bad_group_ranks": 1, "peer_out_of_world": 1}
 
 
+def test_oversized_heartbeat_arrays_are_refused_where_they_would_drive_work() -> None:
+    """The leading array of each heartbeat table and the lists admission walks are capped; a long
+    parallel array is harmless (the fold reads it only at the leading array's indices)."""
+    from mycroft.rca_service import admission
+
+    cfg = dataclasses.replace(CFG, max_groups_per_job=4)
+    job = StepJob("big", 4, t0=100.0)
+    engine = Engine(cfg)
+    engine.ingest(job.steps(2), job.now)
+    beat = job.heartbeats(job.now, blocked={0: 1.0})[0]
+    capped = {schema.ATTR_HB_GROUP_IDS: ["g"] * 5, schema.ATTR_HB_GROUP_RANKS: ["0-3"] * 5,
+              schema.ATTR_HB_DIGEST_GROUP_IDS: ["g"] * 5,
+              schema.ATTR_HB_INFLIGHT_GROUP_IDS: ["g"] * (admission.MAX_INFLIGHT_OPS + 1),
+              schema.ATTR_HB_INFLIGHT_PEERS: [-1] * (admission.MAX_INFLIGHT_OPS + 1)}
+    for key, value in capped.items():
+        bomb = dataclasses.replace(beat, attributes={**beat.attributes, key: value})
+        rejected: dict[str, int] = {}
+        assert engine.ingest([bomb], job.now, rejected=rejected) == 0, key
+        assert rejected == {admission.REJECT_OVERSIZED: 1}, key
+    long_tail = dataclasses.replace(beat, attributes={
+        **beat.attributes, schema.ATTR_HB_GROUP_SIZES: [4] * 100,
+        schema.ATTR_HB_INFLIGHT_SEQS: list(beat.attributes[schema.ATTR_HB_INFLIGHT_SEQS]) + [7] * 5000})
+    assert engine.ingest([long_tail], job.now) == 1
+    rank = engine.jobs["big"].ranks[0]
+    assert len(rank.inflight) == len(beat.attributes[schema.ATTR_HB_INFLIGHT_GROUP_IDS])
+
+
+def test_a_job_evicted_mid_batch_is_not_folded_into() -> None:
+    """apply_records looks a job up once per batch; a record that evicts it (max_jobs) must not
+    leave the batch's later records folding into the evicted state."""
+    cfg = dataclasses.replace(CFG, max_jobs=1)
+    first, second = StepJob("one", 2, t0=100.0), StepJob("two", 2, t0=100.0)
+    engine = Engine(cfg)
+    batch = first.heartbeats(100.0)[:1] + second.heartbeats(100.0)[:1] + first.heartbeats(100.0)[1:]
+    assert engine.ingest(batch, 100.0) == 3
+    assert list(engine.jobs) == ["one"]  # "two" evicted "one", whose second rank then took it back
+    assert sorted(engine.jobs["one"].ranks) == [1]
+
+
 def test_two_launches_under_one_job_id_are_kept_apart() -> None:
     """World 4 (healthy) and world 8 (rank 6 never enters) both call themselves "clash"."""
     for runs in (("a1b2.0", "c3d4.0"), ("", "")):  # with run ids, and without (told apart by world size)

@@ -490,7 +490,12 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
     Py_ssize_t count = 0;
     Cursor kv, scan = body;
     while (count < ctx->max_attributes && next_delimited(&scan, 9, &kv)) count++;
+#if PY_VERSION_HEX < 0x030D0000
     PyObject *attrs = _PyDict_NewPresized(count); /* no resizing while ~21 attributes go in */
+#else
+    PyObject *attrs = PyDict_New(); /* 3.13 keeps the presized constructor private */
+    (void)count;
+#endif
     if (attrs == NULL) return ERROR;
     Py_ssize_t seen = 0;
     while (seen < ctx->max_attributes && next_delimited(&body, 9, &kv)) { /* second pass: the attributes */

@@ -132,3 +132,33 @@ def test_mutations_mostly_decode_in_c() -> None:
 @pytest.mark.parametrize("cut", [1, 7, 100])
 def test_truncated_requests_step_aside_or_refuse(cut: int) -> None:
     assert _agrees(VALID[:-cut]) in ("stepped aside", "refused")
+
+
+def test_records_are_filled_in_directly_or_by_calling_another_record_type() -> None:
+    """SpanRecord's slots are set in C; a record type of another layout (no slots, a __post_init__)
+    is called instead, with the same values. Decoded records are atoms in lists and dicts, left
+    out of the cyclic GC; the resource a process repeats is one dict."""
+    import dataclasses
+    import gc
+
+    cache = DecodeCache()
+    records = cache.decode_compiled(VALID)
+    assert records is not None and records == _lean(VALID, DecodeCache())
+    assert not gc.is_tracked(records[0]) and not gc.is_tracked(records[0].attributes)
+    again = cache.decode_compiled(VALID)
+    assert again is not None and again[0].resource is records[0].resource
+
+    seen: list[str] = []
+
+    @dataclasses.dataclass
+    class Checked(SpanRecord):
+        def __post_init__(self) -> None:
+            seen.append(self.name)
+
+    assert otlp._otlp_fast is not None
+    fields = [f.name for f in dataclasses.fields(SpanRecord)]
+    other = otlp._otlp_fast.decode(VALID, otlp._otlp_fast.Memo(64), otlp.VOLATILE_KEYS, cache._miss,
+                                   cache.resource_bytes, Checked, otlp.MAX_ATTRIBUTES, otlp._otlp_fast.Memo(64))
+    assert other is not None
+    assert [type(r) for r in other[0]] == [Checked] * len(records) and seen == [r.name for r in records]
+    assert [[getattr(r, f) for f in fields] for r in other[0]] == [[getattr(r, f) for f in fields] for r in records]

@@ -135,7 +135,7 @@ def _oversized(value: Any, cap: int) -> bool:
     return value.__class__ is list and len(value) > cap
 
 
-def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig) -> str | None:
+def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig, admitted_members: Any) -> str | None:
     get, groups_cap = a.get, cfg.max_groups_per_job
     members, peers = get(schema.ATTR_HB_GROUP_RANKS), get(schema.ATTR_HB_INFLIGHT_PEERS)
     if _oversized(get(schema.ATTR_HB_GROUP_IDS), groups_cap) or _oversized(members, groups_cap) \
@@ -143,16 +143,19 @@ def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig) -> str
             or _oversized(get(schema.ATTR_HB_INFLIGHT_GROUP_IDS), MAX_INFLIGHT_OPS) \
             or _oversized(peers, MAX_INFLIGHT_OPS):
         return REJECT_OVERSIZED
-    if members.__class__ is list and _bad_list("members", members, limit, cfg):
+    if members.__class__ is list and members is not admitted_members and _bad_list("members", members, limit, cfg):
         return REJECT_BAD_GROUP_RANKS
     if peers.__class__ is list and peers and _bad_list("peers", peers, limit, cfg):
         return REJECT_PEER_OUT_OF_WORLD
     return None
 
 
-def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig, world: int | None = None) -> str | None:
+def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig, world: int | None = None,
+                  admitted_members: Any = None) -> str | None:
     """Why this record (of `rank`; `world`: its resource's world size where the caller has it) must
-    not enter the state, or None."""
+    not enter the state, or None. `admitted_members`: the member list an earlier heartbeat of the
+    same process (same resource, so the same world) carried and was admitted with; the decoder
+    shares unchanged values, so the same list object needs no second look."""
     if world is None:
         world = world_of(record)
     if world < 0 or world > cfg.max_ranks_per_job:
@@ -163,7 +166,7 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig, world: int
     a = record.attributes
     kind = a.get(schema.ATTR_SPAN_KIND, "")
     if kind == schema.KIND_HEARTBEAT:
-        return _heartbeat_reason(a, limit, cfg)
+        return _heartbeat_reason(a, limit, cfg, admitted_members)
     elif kind == schema.KIND_COLLECTIVE:
         if _bad_ranks(a.get(schema.ATTR_GROUP_RANKS), limit, cfg):
             return REJECT_BAD_GROUP_RANKS

@@ -524,19 +524,25 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
             rank_id = record.rank
         if rank_id is None or rank_id < 0:
             continue
-        facts = admission.resource_facts(record.resource)
+        resource = record.resource
+        facts = admission.resource_facts(resource)
         world = facts[2]
-        reason = admission.reject_reason(record, rank_id, cfg, world)
+        job = None
+        admitted_members = None
+        if not use_span_time and schema.RES_JOB_ID not in a:
+            job = jobs_by_facts.get(id(facts))
+            if job is not None and jobs.get(job.job_id) is not job:
+                job = None
+            if job is not None and kind == schema.KIND_HEARTBEAT:
+                prior = job.ranks.get(rank_id)
+                if prior is not None and prior.resource is resource and prior.hb_table is not None:
+                    admitted_members = prior.hb_table[2]  # this process's settled table: checked then
+        reason = admission.reject_reason(record, rank_id, cfg, world, admitted_members)
         if reason is not None:
             if rejected is not None:
                 rejected[reason] = rejected.get(reason, 0) + 1
             continue
         at = record.end_ns / 1e9 if use_span_time else received_at
-        job = None
-        if not use_span_time and schema.RES_JOB_ID not in a:
-            job = jobs_by_facts.get(id(facts))
-            if job is not None and jobs.get(job.job_id) is not job:
-                job = None
         if job is None:
             job = _job_for(jobs, record, at, cfg, evicted, facts)
             if not use_span_time and schema.RES_JOB_ID not in a:

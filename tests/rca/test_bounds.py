@@ -103,6 +103,33 @@ def test_oversized_heartbeat_arrays_are_refused_where_they_would_drive_work() ->
     assert len(rank.inflight) == len(beat.attributes[schema.ATTR_HB_INFLIGHT_GROUP_IDS])
 
 
+def test_a_changed_member_list_is_checked_again_within_a_batch() -> None:
+    """A rank's unchanged member list is not walked again (the same decoded object as the one it
+    was admitted with); a new one is, also when a batch's job is already known."""
+    from mycroft.otlp import DecodeCache
+
+    cache = DecodeCache()
+
+    def wire(records: list[SpanRecord]) -> list[SpanRecord]:  # as the receivers hand them over: shared values
+        return cache.decode(request_from_records(records).SerializeToString())
+
+    engine = Engine(CFG)
+    job = StepJob("members", 4, t0=100.0)
+    engine.ingest(wire(job.steps(2)), job.now)
+    engine.ingest(wire(job.heartbeats(job.now)), job.now)
+    good, bad = job.heartbeats(job.now + 1.0)[:2]
+    bad.attributes = {**bad.attributes, schema.ATTR_HB_GROUP_RANKS: ["0-7"]}
+    decoded = wire([good, bad])
+    prior = engine.jobs["members"].ranks[1]
+    assert decoded[1].resource is prior.resource and prior.hb_table is not None  # the shortcut applies
+    rejected: dict[str, int] = {}
+    assert engine.ingest(decoded, job.now + 1.0, rejected=rejected) == 1
+    assert rejected == {"bad_group_ranks": 1}
+    same = wire(job.heartbeats(job.now + 2.0))
+    assert same[1].attributes[schema.ATTR_HB_GROUP_RANKS] is prior.hb_table[2]
+    assert engine.ingest(same, job.now + 2.0) == 4
+
+
 def test_a_job_evicted_mid_batch_is_not_folded_into() -> None:
     """apply_records looks a job up once per batch; a record that evicts it (max_jobs) must not
     leave the batch's later records folding into the evicted state."""

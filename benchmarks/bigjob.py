@@ -29,9 +29,9 @@ ROWS = {  # name -> (ranks, ops per rank per second, share of op spans sent)
 DEFAULT_ROWS = "1k-hb,1k-10diet,1k-50diet,4k-hb,4k-10diet,4k-50diet,16k-hb,16k-10diet,16k-50diet"
 
 
-def _run(ranks: int, ops: int, keep: float, python: str | None, seconds: float) -> dict[str, object]:
+def _run(ranks: int, ops: int, keep: float, python: str | None, seconds: float, batch: int) -> dict[str, object]:
     cmd = [sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", str(ranks), "--ops", str(ops),
-           "--op-spans", str(keep), "--seconds", str(seconds), "--warmup", "6"]
+           "--op-spans", str(keep), "--seconds", str(seconds), "--warmup", "6", "--batch", str(batch)]
     if python:
         cmd += ["--service-python", python]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -39,6 +39,11 @@ def _run(ranks: int, ops: int, keep: float, python: str | None, seconds: float) 
     if not lines:
         return {"error": (out.stderr or out.stdout)[-400:]}
     return dict(json.loads(lines[-1]))
+
+
+def _parts(r: dict[str, object]) -> str:
+    parts = r.get("service_cpu_pct_parts")
+    return f" ({parts.get('fold')} / {parts.get('analysis')})" if isinstance(parts, dict) else ""
 
 
 def _cell(r: dict[str, object], key: str, fmt: str = "{}") -> str:
@@ -52,6 +57,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="runs per row (a p90 needs several)")
     parser.add_argument("--baseline-python", help="run each row against this interpreter's service first")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--batch", type=int, default=512,
+                        help="heartbeats per OTLP request: 512 an SDK's or agent's export batch; 4096 what the "
+                             "shipped gateway (otel-config/otelcol/gateway.yaml, send_batch_size) hands the RCA tier")
     args = parser.parse_args()
     table = []
     for name in args.rows.split(","):
@@ -60,13 +68,14 @@ def main() -> int:
             for label, python in ([("before", args.baseline_python)] if args.baseline_python else []) + \
                     [("after", None)]:
                 load = os.getloadavg()[0]
-                result = _run(ranks, ops, keep, python, args.seconds)
+                result = _run(ranks, ops, keep, python, args.seconds, args.batch)
                 result["row"], result["build"] = name, label
+                result["batch"] = args.batch
                 result["load_avg"] = f"{load:.1f}-{os.getloadavg()[0]:.1f}"
                 print(json.dumps(result), flush=True)
                 table.append(result)
     print()
-    print("| row | build | load avg | applied / offered spans/s | hb lost | shed | service CPU | RSS MB "
+    print("| row | build | load avg | applied / offered spans/s | hb lost | shed | service CPU (fold / analysis) | RSS MB "
           "| pass p50 / max s | verdict | detected s | false before T0 | hb B/rank/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
@@ -75,7 +84,8 @@ def main() -> int:
             if r.get("verdict") else "none")
         print(f"| {r['row']} | {r['build']} | {r.get('load_avg')} "
               f"| {_cell(r, 'applied_spans_s')} / {_cell(r, 'offered_spans_s')} "
-              f"| {_cell(r, 'heartbeats_lost')} | {_cell(r, 'dropped_spans')} | {_cell(r, 'service_cpu_pct', '{}%')} "
+              f"| {_cell(r, 'heartbeats_lost')} | {_cell(r, 'dropped_spans')} | {_cell(r, 'service_cpu_pct', '{}%')}"
+              f"{_parts(r)} "
               f"| {_cell(r, 'service_rss_mb')} | {_cell(r, 'analysis_s_p50')} / {_cell(r, 'analysis_s_max')} "
               f"| {verdict} | {_cell(r, 'detected_s')} | {_cell(r, 'false_incidents_before_fault')} "
               f"| {_cell(r, 'heartbeat_bytes_per_rank_s')} |")

@@ -75,8 +75,8 @@ def main() -> int:
                 print(json.dumps(result), flush=True)
                 table.append(result)
     print()
-    print("| row | build | load avg | applied / offered spans/s | hb lost | shed | service CPU (fold / analysis) | RSS MB "
-          "| pass p50 / max s | verdict | detected s | false before T0 | hb B/rank/s |")
+    print("| row | build | load avg | applied / offered spans/s | hb lost | shed | service CPU (fold / analysis) "
+          "| RSS MB | pass p50 / max s | verdict | detected s | false before T0 | hb B/rank/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         verdict = "error" if "error" in r else (

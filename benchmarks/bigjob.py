@@ -29,9 +29,11 @@ ROWS = {  # name -> (ranks, ops per rank per second, share of op spans sent)
 DEFAULT_ROWS = "1k-hb,1k-10diet,1k-50diet,4k-hb,4k-10diet,4k-50diet,16k-hb,16k-10diet,16k-50diet"
 
 
-def _run(ranks: int, ops: int, keep: float, python: str | None, seconds: float, batch: int) -> dict[str, object]:
+def _run(ranks: int, ops: int, keep: float, python: str | None, seconds: float, batch: int,
+         compression: str) -> dict[str, object]:
     cmd = [sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", str(ranks), "--ops", str(ops),
-           "--op-spans", str(keep), "--seconds", str(seconds), "--warmup", "6", "--batch", str(batch)]
+           "--op-spans", str(keep), "--seconds", str(seconds), "--warmup", "6", "--batch", str(batch),
+           "--compression", compression]
     if python:
         cmd += ["--service-python", python]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -60,6 +62,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=512,
                         help="heartbeats per OTLP request: 512 an SDK's or agent's export batch; 4096 what the "
                              "shipped gateway (otel-config/otelcol/gateway.yaml, send_batch_size) hands the RCA tier")
+    parser.add_argument("--compression", choices=("none", "gzip"), default="none",
+                        help="of the requests: gzip is what an OTel Collector's otlp exporter sends by default")
     args = parser.parse_args()
     table = []
     for name in args.rows.split(","):
@@ -68,9 +72,9 @@ def main() -> int:
             for label, python in ([("before", args.baseline_python)] if args.baseline_python else []) + \
                     [("after", None)]:
                 load = os.getloadavg()[0]
-                result = _run(ranks, ops, keep, python, args.seconds, args.batch)
+                result = _run(ranks, ops, keep, python, args.seconds, args.batch, args.compression)
                 result["row"], result["build"] = name, label
-                result["batch"] = args.batch
+                result["batch"], result["compression"] = args.batch, args.compression
                 result["load_avg"] = f"{load:.1f}-{os.getloadavg()[0]:.1f}"
                 print(json.dumps(result), flush=True)
                 table.append(result)

@@ -49,7 +49,8 @@ def _sender(port: int, params: dict[str, Any], ranks: list[int], offset: float, 
 
     jobs = [BigJob(run["job"], Layout(params["world"], params["tp"], params["pp"]), params["ops"],
                    params["interval"], fault=FaultPlan(**run["plan"])) for run in params["runs"]]
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)])
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 << 20)],
+                                    compression=grpc.Compression.Gzip if params.get("gzip") else None)
     export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
     stats = {"hb": 0, "hb_bytes": 0, "hb_refused": 0, "hb_lost": 0, "ops": 0, "op_bytes": 0, "op_refused": 0,
              "build_s": 0.0, "late_ticks": 0, "op_shed_answers": 0}
@@ -271,7 +272,7 @@ def _run(args: argparse.Namespace, procs: list[Any], started: list[subprocess.Po
                 time.sleep(0.2)
     params = {"runs": [{"job": r["job"], "plan": r["plan"]} for r in runs], "world": args.ranks, "tp": args.tp,
               "pp": args.pp, "ops": args.ops, "interval": args.interval, "batch": args.batch,
-              "op_keep": args.op_spans}
+              "op_keep": args.op_spans, "gzip": args.compression == "gzip"}
     ranks = list(range(args.ranks))
     n = max(1, args.senders)
     ctx = mp.get_context("spawn")
@@ -436,6 +437,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prebuild-s", type=float, default=-1.0,
                    help="time the senders get to build every request of the run (default: from the load)")
     p.add_argument("--batch", type=int, default=512, help="heartbeats per OTLP request (an agent's batch)")
+    p.add_argument("--compression", choices=("none", "gzip"), default="none",
+                   help="of the OTLP/gRPC requests (gzip: the OTel Collector otlp exporter's default)")
     p.add_argument("--endpoint", help="OTLP/gRPC HOST:PORT of a running RCA service (default: start one)")
     p.add_argument("--api", default="http://127.0.0.1:8080", help="its API base URL (with --endpoint)")
     p.add_argument("--service-python", help="the Python whose mycroft runs the service (another checkout's venv: "

@@ -11,10 +11,12 @@ import pytest
 from tests.conftest import REPO
 
 
-def test_a_blocked_rank_of_256_is_the_root_cause_over_the_real_path() -> None:
+@pytest.mark.parametrize("compression", ["none", "gzip"])  # gzip: what an OTel Collector's otlp exporter sends
+def test_a_blocked_rank_of_256_is_the_root_cause_over_the_real_path(compression: str) -> None:
     out = subprocess.run([sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", "256", "--tp", "8",
                           "--fault", "block", "--fault-rank", "77", "--seconds", "9", "--warmup", "4",
-                          "--prebuild-s", "3"], capture_output=True, text=True, timeout=180, cwd=str(REPO))
+                          "--prebuild-s", "3", "--compression", compression],
+                         capture_output=True, text=True, timeout=180, cwd=str(REPO))
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["verdict"] == "hang" and result["right"], result

@@ -36,7 +36,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -251,14 +251,17 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
             rng: random.Random | None = None, log_dir: str | None = None,
             startup_timeout_s: float = 120.0, linger_s: float = 0.0, layout: str = WORLD,
             trigger: str = "step", at_s: float | None = None, position: str = "any",
-            alert_timeout_s: float | None = None, env: dict[str, str] | None = None) -> RunResult:
+            alert_timeout_s: float | None = None, env: dict[str, str] | None = None,
+            until: Callable[[dict[str, Any]], bool] | None = None) -> RunResult:
     """One instrumented job with one fault (or a healthy scenario), scored against the RCA service.
 
     `layout`: "world" (faultjob.py on `nproc` ranks) or "TPxPPxDP" / "3d" (job3d.py).
     `trigger` (3D jobs): "step" (at `step`, before a random op of `position`), "time" (`at_s`
     seconds after init_process_group; process faults) or "first" (right after the first collective).
     The run stops once the verdict is in and the alert arrived (or `alert_timeout_s` after
-    the onset passed, default `timeout_s`), or `timeout_s` after the onset.
+    the onset passed, default `timeout_s`), or `timeout_s` after the onset. `until`: a further
+    wish for the right incident (e.g. evidence that a firing incident brings up to date as the
+    fault spreads): the watch goes on, within `timeout_s`, until it holds.
     """
     if fault not in EXPECTED and fault not in HEALTHY:
         raise ValueError(f"unknown fault {fault!r}; one of {', '.join([*EXPECTED, *HEALTHY])}")
@@ -329,7 +332,7 @@ def run_one(rca: Rca, fault: str, nproc: int = 4, rank: int | None = None, step:
                                rank if fault == "slow_rank" else None)
             else:
                 _watch_fault(rca, result, proc, onset_file, startup_timeout_s, timeout_s,
-                             timeout_s if alert_timeout_s is None else alert_timeout_s, log_path)
+                             timeout_s if alert_timeout_s is None else alert_timeout_s, log_path, until)
         finally:
             if linger_s and result.incident is not None:
                 time.sleep(linger_s)  # let the faulty state run on, so the recorded traces show it
@@ -380,7 +383,8 @@ def _watch_healthy(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], w
 
 
 def _watch_fault(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], onset_file: str,
-                 startup_timeout_s: float, timeout_s: float, alert_timeout_s: float, log_path: str) -> None:
+                 startup_timeout_s: float, timeout_s: float, alert_timeout_s: float, log_path: str,
+                 until: Callable[[dict[str, Any]], bool] | None = None) -> None:
     deadline = time.time() + startup_timeout_s
     while not os.path.exists(onset_file):
         if proc.poll() is not None or time.time() > deadline:
@@ -415,7 +419,8 @@ def _watch_fault(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], ons
         if diagnosed and alert_at is None and not pages and diag.incident is not None:
             # a slowdown is not meant to page: wait a little for a severity change, not the whole time
             alert_deadline = min(onset + alert_timeout_s, float(diag.incident["detected_at_unix"]) + settle_s)
-        if diagnosed and (alert_at is not None or now > alert_deadline):
+        wished = until is None or (diag.correct and diag.incident is not None and until(diag.incident))
+        if diagnosed and wished and (alert_at is not None or now > alert_deadline):
             break
         if now > onset + timeout_s:
             break

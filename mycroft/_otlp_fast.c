@@ -628,28 +628,27 @@ static const char *const RECORD_FIELDS[11] = {"trace_id", "span_id", "name", "st
                                               "resource", "parent_span_id", "status_code", "status_message",
                                               "scope"};
 
-static int record_layout(Ctx *ctx) {
+static void record_layout(Ctx *ctx) {
     ctx->slots[0] = 0;
-    if (!PyType_Check(ctx->record_type)) return 0;
+    if (!PyType_Check(ctx->record_type)) return;
     PyTypeObject *type = (PyTypeObject *)ctx->record_type;
     int plain = PyObject_HasAttrString(ctx->record_type, "__dataclass_fields__") &&
                 !PyObject_HasAttrString(ctx->record_type, "__post_init__") && type->tp_alloc == PyType_GenericAlloc;
-    if (!plain) return 0;
+    if (!plain) return;
     Py_ssize_t slots[11];
     for (int i = 0; i < 11; i++) {
         PyObject *descr = PyObject_GetAttrString(ctx->record_type, RECORD_FIELDS[i]);
         if (descr == NULL) {
             PyErr_Clear();
-            return 0;
+            return;
         }
         int member = Py_IS_TYPE(descr, &PyMemberDescr_Type);
         PyMemberDef *def = member ? ((PyMemberDescrObject *)descr)->d_member : NULL;
         Py_DECREF(descr);
-        if (def == NULL || def->type != T_OBJECT_EX || (def->flags & READONLY) || def->offset <= 0) return 0;
+        if (def == NULL || def->type != T_OBJECT_EX || (def->flags & READONLY) || def->offset <= 0) return;
         slots[i] = def->offset;
     }
     memcpy(ctx->slots, slots, sizeof slots);
-    return 0;
 }
 
 /* A whole request must be well-formed before any Python call sees part of it. */
@@ -681,10 +680,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
                           &ctx.volatile_keys, &ctx.miss, &ctx.resource_bytes, &ctx.record_type, &ctx.max_attributes,
                           &MemoType, &ctx.resources))
         return NULL;
-    if (record_layout(&ctx) < 0) {
-        PyBuffer_Release(&payload);
-        return NULL;
-    }
+    record_layout(&ctx);
     Cursor c = {(const uint8_t *)payload.buf, (const uint8_t *)payload.buf + payload.len};
     PyObject *out = NULL;
     int r = check_request(c);

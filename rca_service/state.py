@@ -179,6 +179,11 @@ def _list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
+def _shared_list(value: Any) -> list[Any]:
+    """A decoded list as it is (shared between heartbeats: read, never changed), else _list's copy."""
+    return value if value.__class__ is list else _list(value)
+
+
 def _group(job: JobState, gid: str, name: str, ranks_text: str | None, cfg: AnalysisConfig,
            ranks: Iterable[int] | None = None) -> GroupState | None:
     group = job.groups.get(gid)
@@ -303,12 +308,8 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     if dropped is not None:
         rank.dropped = dropped if dropped.__class__ is int else _int(dropped, rank.dropped)
 
-    issued = get(schema.ATTR_HB_GROUP_ISSUED)
-    completed = get(schema.ATTR_HB_GROUP_COMPLETED)
-    if issued.__class__ is not list:
-        issued = _list(issued)
-    if completed.__class__ is not list:
-        completed = _list(completed)
+    issued = _shared_list(get(schema.ATTR_HB_GROUP_ISSUED))
+    completed = _shared_list(get(schema.ATTR_HB_GROUP_COMPLETED))
     n_issued, n_completed = len(issued), len(completed)
     rank_issued, rank_completed = rank.issued, rank.completed
     for i, gid in _group_table(job, rank, a, cfg):
@@ -330,13 +331,8 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     gids = get(schema.ATTR_HB_INFLIGHT_GROUP_IDS)
     inflight: list[InFlight] = []
     if gids:
-        inflight = _inflight(job, rank, a, gids if gids.__class__ is list else _list(gids), received_at, cfg)
-    if inflight:
-        completed_at = rank_completed.get
-        rank.inflight = [op for op in inflight if (completed_at(op.group_id, 0) < op.seq if op.peer < 0
-                                                   else not _done(rank, op))]
-    else:
-        rank.inflight = inflight
+        inflight = _inflight(job, rank, a, _shared_list(gids), received_at, cfg)
+    rank.inflight = [op for op in inflight if not _done(rank, op)] if inflight else inflight
     flow_keys = a.keys() & FLOW_KEYS  # a set operation in C instead of a prefix test per key
     rank.flows = {key: _list(a[key]) for key in flow_keys} if flow_keys else {}
     digest_gids = a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)
@@ -371,30 +367,17 @@ def _fold_digests(job: JobState, rank: RankState, a: dict[str, Any], gids: list[
             seen[rank.rank] = value
 
 
+_INFLIGHT_ARRAYS = (schema.ATTR_HB_INFLIGHT_SEQS, schema.ATTR_HB_INFLIGHT_OPS, schema.ATTR_HB_INFLIGHT_AGES_S,
+                    schema.ATTR_HB_INFLIGHT_PEERS, schema.ATTR_HB_INFLIGHT_BYTES, schema.ATTR_HB_INFLIGHT_DTYPES)
+
+
 def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any], received_at: float,
               cfg: AnalysisConfig) -> list[InFlight]:
     """The heartbeat's in-flight ops (parallel arrays); collectives also advance the issued frontier
     and leave their signature at their seq (a mismatch that hangs shows there). Decoded values are
     shared between heartbeats: read, never changed."""
-    get = a.get
-    seqs, ops, ages = get(schema.ATTR_HB_INFLIGHT_SEQS), get(schema.ATTR_HB_INFLIGHT_OPS), \
-        get(schema.ATTR_HB_INFLIGHT_AGES_S)
-    peers, sizes, dtypes = get(schema.ATTR_HB_INFLIGHT_PEERS), get(schema.ATTR_HB_INFLIGHT_BYTES), \
-        get(schema.ATTR_HB_INFLIGHT_DTYPES)
-    if seqs.__class__ is not list:
-        seqs = _list(seqs)
-    if ops.__class__ is not list:
-        ops = _list(ops)
-    if ages.__class__ is not list:
-        ages = _list(ages)
-    if peers.__class__ is not list:
-        peers = _list(peers)
-    if sizes.__class__ is not list:
-        sizes = _list(sizes)
-    if dtypes.__class__ is not list:
-        dtypes = _list(dtypes)
-    n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = len(seqs), len(ops), len(ages), len(peers), len(sizes), \
-        len(dtypes)
+    seqs, ops, ages, peers, sizes, dtypes = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
+    n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = map(len, (seqs, ops, ages, peers, sizes, dtypes))
     inflight: list[InFlight] = []
     groups, issued, me = job.groups, rank.issued, rank.rank
     for i, gid in enumerate(gids):
@@ -420,13 +403,10 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
             key = _p2p_key(gid, me, peer, name)
             rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
             continue
-        if seq > issued.get(gid, 0):
-            issued[gid] = seq
+        _advance(issued, gid, seq)
         group = groups.get(gid)
         if group is not None:
-            rec = group.seqs.get(seq)
-            if rec is None:
-                rec = _seq_record(group, seq, cfg)
+            rec = _seq_record(group, seq, cfg)
             if me not in rec.sigs:
                 dtype = dtypes[i] if i < n_dtypes else ""
                 rec.sigs[me] = (name, size, dtype if dtype.__class__ is str else str(dtype))
@@ -529,7 +509,8 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
         world = facts[2]
         job = None
         admitted_members = None
-        if not use_span_time and schema.RES_JOB_ID not in a:
+        memo_ok = not use_span_time and schema.RES_JOB_ID not in a  # the record's job follows from its facts
+        if memo_ok:
             job = jobs_by_facts.get(id(facts))
             if job is not None and jobs.get(job.job_id) is not job:
                 job = None
@@ -545,7 +526,7 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
         at = record.end_ns / 1e9 if use_span_time else received_at
         if job is None:
             job = _job_for(jobs, record, at, cfg, evicted, facts)
-            if not use_span_time and schema.RES_JOB_ID not in a:
+            if memo_ok:
                 jobs_by_facts[id(facts)] = job
         if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
             job.dropped_records += 1
@@ -565,10 +546,11 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
 
 
 def _job_for(jobs: dict[str, JobState], record: SpanRecord, at: float, cfg: AnalysisConfig,
-             evicted: list[str] | None, facts: admission.Facts | None = None) -> JobState:
-    """The state of the record's run: a second live run under the same job id gets its own."""
+             evicted: list[str] | None, facts: admission.Facts) -> JobState:
+    """The state of the record's run (`facts`: its resource's): a second live run under the same
+    job id gets its own."""
     job_attr = record.attributes.get(schema.RES_JOB_ID)
-    resource_job, run, world = facts if facts is not None else admission.resource_facts(record.resource)
+    resource_job, run, world = facts
     key = job_id = resource_job if job_attr is None else str(job_attr)
     job = jobs.get(key)
     if job is not None and not admission.same_run(job.run_id, job.world_size, run, world):

@@ -39,6 +39,8 @@ typedef struct {
     Py_ssize_t max_attributes;
     Py_ssize_t misses;
     Py_ssize_t slots[11];  /* SpanRecord's slot offsets, in __init__'s order; slots[0] == 0: call it */
+    const char *template_name; /* spans of this name decode against their process's last one (Template) */
+    Py_ssize_t template_name_len; /* -1: none do */
 } Ctx;
 
 enum { OK = 0, UNSURE = 1, ERROR = 2 }; /* UNSURE: let Python decode it; ERROR: a Python exception is set */
@@ -178,6 +180,63 @@ static PyTypeObject MemoType = {
     .tp_methods = memo_methods,
     .tp_as_sequence = &memo_as_sequence,
 };
+
+/* ---------------------------------------------------------------------------------------
+ * Template: the KeyValues of a process's last heartbeat, as wire bytes and decoded values.
+ *
+ * A rank's heartbeat repeats most of its previous one (its groups, members, names, in-flight
+ * signature; often its idle time and interval), attribute by attribute in the same order. At
+ * 16,384 ranks the Memo's hash table (~70k entries, each a probe, a separate bytes block and a
+ * value: three cache misses per KeyValue) no longer fits the cache; comparing a KeyValue with
+ * the same position of the same process's last heartbeat reads one contiguous block instead.
+ * Identical bytes get the identical value object (values are read-only, DecodeCache), anything
+ * else goes through the Memo as before. A Template is immutable once made: each heartbeat makes
+ * the next one, so a decode that lost the GIL in a Python callback never reads a changed one.
+ * Held by the resource Memo as its entry's key; not GC-tracked (it holds atoms and untracked lists).
+ * --------------------------------------------------------------------------------------- */
+typedef struct {
+    Py_ssize_t off, len; /* of the KeyValue's bytes in Template.bytes */
+    PyObject *key, *value;
+} TemplateAttr;
+
+typedef struct {
+    PyObject_VAR_HEAD /* ob_size: how many attributes */
+    char *bytes;
+    TemplateAttr attrs[1];
+} Template;
+
+static void template_dealloc(Template *t) {
+    for (Py_ssize_t i = 0; i < Py_SIZE(t); i++) {
+        Py_XDECREF(t->attrs[i].key);
+        Py_XDECREF(t->attrs[i].value);
+    }
+    PyMem_Free(t->bytes);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyTypeObject TemplateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mycroft._otlp_fast.Template",
+    .tp_doc = "A process's last heartbeat's KeyValues (internal to decode()).",
+    .tp_basicsize = sizeof(Template) - sizeof(TemplateAttr),
+    .tp_itemsize = sizeof(TemplateAttr),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)template_dealloc,
+};
+
+/* A Template for `count` KeyValues of `total` bytes; its attributes are filled in by the caller. */
+static Template *template_new(Py_ssize_t count, Py_ssize_t total) {
+    Template *t = PyObject_NewVar(Template, &TemplateType, count);
+    if (t == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) t->attrs[i] = (TemplateAttr){0, -1, NULL, NULL};
+    t->bytes = PyMem_Malloc(total ? (size_t)total : 1);
+    if (t->bytes == NULL) {
+        Py_SET_SIZE(t, 0);
+        Py_DECREF(t);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    return t;
+}
 
 static int varint(Cursor *c, uint64_t *out) {
     uint64_t value = 0;
@@ -400,36 +459,54 @@ static int memoizable(Ctx *ctx, PyObject *key, PyObject *value) {
     return found == 0 ? 1 : 0; /* an error (cannot happen for str) reads as "do not memoize" */
 }
 
-/* One attribute into `attrs`: memoized by its bytes, else decoded here, else by Python. */
-static int attribute(Ctx *ctx, Cursor kv, PyObject *attrs) {
+/* One attribute into `attrs`: memoized by its bytes, else decoded here, else by Python.
+ * *key_out, *value_out: new references to what went in. */
+static int attribute(Ctx *ctx, Cursor kv, PyObject *attrs, PyObject **key_out, PyObject **value_out) {
     Py_ssize_t n = kv.end - kv.p;
     uint64_t h = hash_bytes(kv.p, n);
     Entry *hit = memo_find(ctx->memo, kv.p, n, h);
-    if (hit->bytes != NULL) return PyDict_SetItem(attrs, hit->key, hit->value) < 0 ? ERROR : OK;
     PyObject *key = NULL, *value = NULL;
-    int r = key_value(kv, &key, &value);
-    if (r == ERROR) return ERROR;
-    if (r == UNSURE) { /* Python's rules: the full decoder, its errors (its own memo is the dict) */
-        PyObject *raw = PyBytes_FromStringAndSize((const char *)kv.p, n);
-        if (raw == NULL) return ERROR;
-        PyObject *pair = PyObject_CallOneArg(ctx->miss, raw);
-        Py_DECREF(raw);
-        if (pair == NULL) return ERROR;
-        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+    if (hit->bytes != NULL) {
+        key = hit->key;
+        value = hit->value;
+        Py_INCREF(key);
+        Py_INCREF(value);
+    } else {
+        int r = key_value(kv, &key, &value);
+        if (r == ERROR) return ERROR;
+        if (r == UNSURE) { /* Python's rules: the full decoder, its errors (its own memo is the dict) */
+            PyObject *raw = PyBytes_FromStringAndSize((const char *)kv.p, n);
+            if (raw == NULL) return ERROR;
+            PyObject *pair = PyObject_CallOneArg(ctx->miss, raw);
+            Py_DECREF(raw);
+            if (pair == NULL) return ERROR;
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                Py_DECREF(pair);
+                PyErr_SetString(PyExc_TypeError, "DecodeCache._miss must return (key, value)");
+                return ERROR;
+            }
+            key = PyTuple_GET_ITEM(pair, 0);
+            value = PyTuple_GET_ITEM(pair, 1);
+            Py_INCREF(key);
+            Py_INCREF(value);
             Py_DECREF(pair);
-            PyErr_SetString(PyExc_TypeError, "DecodeCache._miss must return (key, value)");
-            return ERROR;
+        } else {
+            ctx->misses++;
+            if (memoizable(ctx, key, value) && memo_put(ctx->memo, kv.p, n, h, key, value) < 0) {
+                Py_DECREF(key);
+                Py_DECREF(value);
+                return ERROR;
+            }
         }
-        r = PyDict_SetItem(attrs, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
-        Py_DECREF(pair);
-        return r < 0 ? ERROR : OK;
     }
-    ctx->misses++;
-    r = PyDict_SetItem(attrs, key, value);
-    if (r == 0 && memoizable(ctx, key, value)) r = memo_put(ctx->memo, kv.p, n, h, key, value);
-    Py_DECREF(key);
-    Py_DECREF(value);
-    return r < 0 ? ERROR : OK;
+    if (PyDict_SetItem(attrs, key, value) < 0) {
+        Py_DECREF(key);
+        Py_DECREF(value);
+        return ERROR;
+    }
+    *key_out = key;
+    *value_out = value;
+    return OK;
 }
 
 /* Status {2: message, 3: code (int32)}; a repeated field merges into the same values. */
@@ -461,8 +538,15 @@ static void untrack(PyObject *record, PyObject *attrs) {
     PyObject_GC_UnTrack(record);
 }
 
-/* One Span -> a SpanRecord appended to `out`. */
-static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObject *out) {
+/* Whether a span of this name decodes against its process's Template. */
+static int templated(Ctx *ctx, Cursor name) {
+    return ctx->template_name_len >= 0 && name.end - name.p == ctx->template_name_len &&
+           memcmp(name.p, ctx->template_name, (size_t)ctx->template_name_len) == 0;
+}
+
+/* One Span -> a SpanRecord appended to `out`. `tmpl`: its process's Template (a reference held by
+ * the caller, *tmpl NULL: none yet), replaced by this span's where the span is templated. */
+static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObject *out, PyObject **tmpl) {
     static const uint8_t nothing = 0;
     Cursor empty = {&nothing, &nothing};
     Cursor trace_id = empty, span_id = empty, parent = empty, name = empty, message = empty;
@@ -487,23 +571,64 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
         default: if (skip(&c, wire) != OK) return UNSURE;
         }
     }
-    Py_ssize_t count = 0;
+    Py_ssize_t count = 0, total = 0;
     Cursor kv, scan = body;
-    while (count < ctx->max_attributes && next_delimited(&scan, 9, &kv)) count++;
+    while (count < ctx->max_attributes && next_delimited(&scan, 9, &kv)) {
+        count++;
+        total += kv.end - kv.p;
+    }
+    Template *last = NULL, *next = NULL;
+    if (tmpl != NULL && templated(ctx, name)) {
+        last = (Template *)*tmpl; /* alive while the caller holds it, whatever a Python callback does */
+        next = template_new(count, total);
+        if (next == NULL) return ERROR;
+    }
 #if PY_VERSION_HEX < 0x030D0000
     PyObject *attrs = _PyDict_NewPresized(count); /* no resizing while ~21 attributes go in */
 #else
     PyObject *attrs = PyDict_New(); /* 3.13 keeps the presized constructor private */
     (void)count;
 #endif
-    if (attrs == NULL) return ERROR;
-    Py_ssize_t seen = 0;
-    while (seen < ctx->max_attributes && next_delimited(&body, 9, &kv)) { /* second pass: the attributes */
-        seen++;
-        if (attribute(ctx, kv, attrs) != OK) {
+    if (attrs == NULL) {
+        Py_XDECREF(next);
+        return ERROR;
+    }
+    Py_ssize_t seen = 0, at = 0;
+    while (seen < count && next_delimited(&body, 9, &kv)) { /* second pass: the attributes */
+        Py_ssize_t n = kv.end - kv.p;
+        PyObject *key, *value;
+        TemplateAttr *same = last != NULL && seen < Py_SIZE(last) ? &last->attrs[seen] : NULL;
+        if (same != NULL && same->len == n && memcmp(last->bytes + same->off, kv.p, (size_t)n) == 0) {
+            key = same->key; /* the process's last heartbeat carried these very bytes */
+            value = same->value;
+            Py_INCREF(key);
+            Py_INCREF(value);
+            if (PyDict_SetItem(attrs, key, value) < 0) {
+                Py_DECREF(key);
+                Py_DECREF(value);
+                key = NULL;
+            }
+        } else if (attribute(ctx, kv, attrs, &key, &value) != OK) {
+            key = NULL;
+        }
+        if (key == NULL) {
             Py_DECREF(attrs);
+            Py_XDECREF(next);
             return ERROR;
         }
+        if (next != NULL) { /* the references go to the next Template */
+            memcpy(next->bytes + at, kv.p, (size_t)n);
+            next->attrs[seen] = (TemplateAttr){at, n, key, value};
+            at += n;
+        } else {
+            Py_DECREF(key);
+            Py_DECREF(value);
+        }
+        seen++;
+    }
+    if (next != NULL) {
+        Py_SET_SIZE(next, seen);
+        Py_XSETREF(*tmpl, (PyObject *)next);
     }
     PyObject *args[11] = {NULL};
     args[0] = trace_id.p == trace_id.end ? PyLong_FromLong(0) : big_int(trace_id);
@@ -544,7 +669,7 @@ static int span(Ctx *ctx, Cursor c, PyObject *resource, PyObject *scope, PyObjec
 }
 
 /* ScopeSpans {1: scope {1: name}, 2: spans} */
-static int scope_spans(Ctx *ctx, Cursor c, PyObject *resource, PyObject *out) {
+static int scope_spans(Ctx *ctx, Cursor c, PyObject *resource, PyObject *out, PyObject **tmpl) {
     static const uint8_t nothing = 0;
     Cursor name = {&nothing, &nothing};
     Cursor first = c;
@@ -573,7 +698,7 @@ static int scope_spans(Ctx *ctx, Cursor c, PyObject *resource, PyObject *out) {
     if (scope == NULL) return UNSURE;
     int r = OK;
     Cursor s;
-    while (r == OK && next_delimited(&first, 2, &s)) r = span(ctx, s, resource, scope, out);
+    while (r == OK && next_delimited(&first, 2, &s)) r = span(ctx, s, resource, scope, out, tmpl);
     Py_DECREF(scope);
     return r;
 }
@@ -599,10 +724,14 @@ static int resource_spans(Ctx *ctx, Cursor c, PyObject *out) {
     Py_ssize_t n = resource.end - resource.p;
     uint64_t h = hash_bytes(resource.p, n);
     Entry *hit = memo_find(ctx->resources, resource.p, n, h);
-    PyObject *attrs;
+    PyObject *attrs, *tmpl = NULL; /* the process's heartbeat Template (the entry's key; None: none yet) */
     if (hit->bytes != NULL) {
         attrs = hit->value;
         Py_INCREF(attrs);
+        if (hit->key != Py_None) {
+            tmpl = hit->key;
+            Py_INCREF(tmpl);
+        }
     } else {
         PyObject *raw = PyBytes_FromStringAndSize((const char *)resource.p, n);
         if (raw == NULL) return ERROR;
@@ -614,9 +743,18 @@ static int resource_spans(Ctx *ctx, Cursor c, PyObject *out) {
             return ERROR;
         }
     }
+    PyObject *had = tmpl;
     int r = OK;
     Cursor s;
-    while (r == OK && next_delimited(&first, 2, &s)) r = scope_spans(ctx, s, attrs, out);
+    while (r == OK && next_delimited(&first, 2, &s)) r = scope_spans(ctx, s, attrs, out, &tmpl);
+    if (tmpl != had) { /* looked up again: a Python callback may have cleared the memo meanwhile */
+        Entry *e = memo_find(ctx->resources, resource.p, n, h);
+        if (e->bytes != NULL) {
+            Py_INCREF(tmpl);
+            Py_SETREF(e->key, tmpl);
+        }
+    }
+    Py_XDECREF(tmpl);
     Py_DECREF(attrs);
     return r;
 }
@@ -667,19 +805,32 @@ static int check_request(Cursor c) {
 }
 
 PyDoc_STRVAR(decode_doc,
-             "decode(payload, memo, volatile_keys, miss, resource_bytes, record_type, max_attributes, resources)\n"
+             "decode(payload, memo, volatile_keys, miss, resource_bytes, record_type, max_attributes, resources,\n"
+             "       template_name=None)\n"
              "-> (records, misses) | None\n\n"
              "ExportTraceServiceRequest bytes -> SpanRecords, as mycroft.otlp.records_from_lean gives them;\n"
-             "None where the Python path must decide (unusual or malformed input).");
+             "None where the Python path must decide (unusual or malformed input). Spans named template_name\n"
+             "decode against the same process's last one (see Template).");
 
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer payload;
     Ctx ctx = {0};
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*O!O!OOOnO!", &payload, &MemoType, &ctx.memo, &PyFrozenSet_Type,
+    PyObject *template_name = Py_None;
+    if (!PyArg_ParseTuple(args, "y*O!O!OOOnO!|O", &payload, &MemoType, &ctx.memo, &PyFrozenSet_Type,
                           &ctx.volatile_keys, &ctx.miss, &ctx.resource_bytes, &ctx.record_type, &ctx.max_attributes,
-                          &MemoType, &ctx.resources))
+                          &MemoType, &ctx.resources, &template_name))
         return NULL;
+    ctx.template_name_len = -1;
+    if (template_name != Py_None) {
+        ctx.template_name = PyUnicode_Check(template_name)
+                                ? PyUnicode_AsUTF8AndSize(template_name, &ctx.template_name_len) : NULL;
+        if (ctx.template_name == NULL) {
+            PyBuffer_Release(&payload);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template_name must be a str or None");
+            return NULL;
+        }
+    }
     record_layout(&ctx);
     Cursor c = {(const uint8_t *)payload.buf, (const uint8_t *)payload.buf + payload.len};
     PyObject *out = NULL;
@@ -712,7 +863,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__otlp_fast(void) {
-    if (PyType_Ready(&MemoType) < 0) return NULL;
+    if (PyType_Ready(&MemoType) < 0 || PyType_Ready(&TemplateType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&MemoType);

@@ -10,4 +10,5 @@ class Memo:
 
 def decode(payload: bytes, memo: Memo, volatile_keys: frozenset[str],
            miss: Callable[[bytes], tuple[str, Any]], resource_bytes: Callable[[bytes], dict[str, Any]],
-           record_type: type, max_attributes: int) -> tuple[list[Any], int] | None: ...
+           record_type: type, max_attributes: int, resources: Memo,
+           template_name: str | None = None) -> tuple[list[Any], int] | None: ...

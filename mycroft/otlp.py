@@ -213,7 +213,7 @@ class DecodeCache:
         if _otlp_fast is None:
             return None
         found = _otlp_fast.decode(payload, self.memo, VOLATILE_KEYS, self._miss, self.resource_bytes, SpanRecord,
-                                  MAX_ATTRIBUTES, self.resource_memo)
+                                  MAX_ATTRIBUTES, self.resource_memo, schema.SPAN_HEARTBEAT)
         if found is None:
             return None
         records, misses = found

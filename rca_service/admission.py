@@ -135,14 +135,26 @@ def _oversized(value: Any, cap: int) -> bool:
     return value.__class__ is list and len(value) > cap
 
 
-def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig, admitted_members: Any) -> str | None:
-    get, groups_cap = a.get, cfg.max_groups_per_job
-    members, peers = get(schema.ATTR_HB_GROUP_RANKS), get(schema.ATTR_HB_INFLIGHT_PEERS)
-    if _oversized(get(schema.ATTR_HB_GROUP_IDS), groups_cap) or _oversized(members, groups_cap) \
-            or _oversized(get(schema.ATTR_HB_DIGEST_GROUP_IDS), groups_cap) \
-            or _oversized(get(schema.ATTR_HB_INFLIGHT_GROUP_IDS), MAX_INFLIGHT_OPS) \
-            or _oversized(peers, MAX_INFLIGHT_OPS):
+#: what admission reads of a heartbeat: the leading arrays of its tables and the lists it walks
+HEARTBEAT_CHECKED = (schema.ATTR_HB_GROUP_IDS, schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_DIGEST_GROUP_IDS,
+                     schema.ATTR_HB_INFLIGHT_GROUP_IDS, schema.ATTR_HB_INFLIGHT_PEERS)
+
+
+def heartbeat_checked(attributes: dict[str, Any]) -> tuple[Any, ...]:
+    """The values of HEARTBEAT_CHECKED: a heartbeat whose are equal to those of an admitted one of
+    the same process (same resource: same world) is admitted too (the decoder hands a process's
+    repeated values over as the same objects, so the comparison is one identity test each)."""
+    return tuple(map(attributes.get, HEARTBEAT_CHECKED))
+
+
+def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig,
+                      admitted: tuple[Any, ...] | None) -> str | None:
+    ids, members, digest_ids, inflight_ids, peers = heartbeat_checked(a)
+    groups_cap = cfg.max_groups_per_job
+    if _oversized(ids, groups_cap) or _oversized(members, groups_cap) or _oversized(digest_ids, groups_cap) \
+            or _oversized(inflight_ids, MAX_INFLIGHT_OPS) or _oversized(peers, MAX_INFLIGHT_OPS):
         return REJECT_OVERSIZED
+    admitted_members = admitted[1] if admitted is not None else None
     if members.__class__ is list and members is not admitted_members and _bad_list("members", members, limit, cfg):
         return REJECT_BAD_GROUP_RANKS
     if peers.__class__ is list and peers and _bad_list("peers", peers, limit, cfg):
@@ -151,11 +163,11 @@ def _heartbeat_reason(a: dict[str, Any], limit: int, cfg: AnalysisConfig, admitt
 
 
 def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig, world: int | None = None,
-                  admitted_members: Any = None) -> str | None:
+                  admitted: tuple[Any, ...] | None = None) -> str | None:
     """Why this record (of `rank`; `world`: its resource's world size where the caller has it) must
-    not enter the state, or None. `admitted_members`: the member list an earlier heartbeat of the
-    same process (same resource, so the same world) carried and was admitted with; the decoder
-    shares unchanged values, so the same list object needs no second look."""
+    not enter the state, or None. `admitted`: heartbeat_checked() of an earlier heartbeat of the
+    same process (same resource, so the same world) that was admitted; its member list, the same
+    object again, needs no second look."""
     if world is None:
         world = world_of(record)
     if world < 0 or world > cfg.max_ranks_per_job:
@@ -166,7 +178,7 @@ def reject_reason(record: SpanRecord, rank: int, cfg: AnalysisConfig, world: int
     a = record.attributes
     kind = a.get(schema.ATTR_SPAN_KIND, "")
     if kind == schema.KIND_HEARTBEAT:
-        return _heartbeat_reason(a, limit, cfg, admitted_members)
+        return _heartbeat_reason(a, limit, cfg, admitted)
     elif kind == schema.KIND_COLLECTIVE:
         if _bad_ranks(a.get(schema.ATTR_GROUP_RANKS), limit, cfg):
             return REJECT_BAD_GROUP_RANKS

@@ -85,6 +85,7 @@ class RankState:
     # says "unchanged") and the (index, group id) pairs it admitted: an unchanged table is not re-folded
     hb_table: tuple[Any, Any, Any] | None = None
     hb_admitted: list[tuple[int, str]] = field(default_factory=list)
+    hb_checked: tuple[Any, ...] | None = None  # admission.heartbeat_checked() of its last heartbeat folded
     resource: Any = None  # the last record's resource dict (shared by the decoder: identity = unchanged)
     windows: dict[int, Any] = field(default_factory=dict)  # slowness.work_window's memo, by window length
 
@@ -329,10 +330,7 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
                 job.completions += 1
 
     gids = get(schema.ATTR_HB_INFLIGHT_GROUP_IDS)
-    inflight: list[InFlight] = []
-    if gids:
-        inflight = _inflight(job, rank, a, _shared_list(gids), received_at, cfg)
-    rank.inflight = [op for op in inflight if not _done(rank, op)] if inflight else inflight
+    rank.inflight = _inflight(job, rank, a, _shared_list(gids), received_at, cfg) if gids else []
     flow_keys = a.keys() & FLOW_KEYS  # a set operation in C instead of a prefix test per key
     rank.flows = {key: _list(a[key]) for key in flow_keys} if flow_keys else {}
     digest_gids = a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)
@@ -373,13 +371,14 @@ _INFLIGHT_ARRAYS = (schema.ATTR_HB_INFLIGHT_SEQS, schema.ATTR_HB_INFLIGHT_OPS, s
 
 def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any], received_at: float,
               cfg: AnalysisConfig) -> list[InFlight]:
-    """The heartbeat's in-flight ops (parallel arrays); collectives also advance the issued frontier
-    and leave their signature at their seq (a mismatch that hangs shows there). Decoded values are
-    shared between heartbeats: read, never changed."""
+    """The heartbeat's in-flight ops (parallel arrays) that the rank's own spans have not already
+    said completed (_done; its frontiers are folded first); collectives also advance the issued
+    frontier and leave their signature at their seq (a mismatch that hangs shows there). Decoded
+    values are shared between heartbeats: read, never changed."""
     seqs, ops, ages, peers, sizes, dtypes = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
     n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = map(len, (seqs, ops, ages, peers, sizes, dtypes))
     inflight: list[InFlight] = []
-    groups, issued, me = job.groups, rank.issued, rank.rank
+    groups, issued, completed, me = job.groups, rank.issued, rank.completed, rank.rank
     for i, gid in enumerate(gids):
         if gid.__class__ is not str:
             gid = str(gid)
@@ -398,11 +397,14 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
         size = sizes[i] if i < n_sizes else 0
         if size.__class__ is not int:
             size = _int(size)
-        inflight.append(InFlight(gid, seq, name, age, peer, size, received_at))
         if peer >= 0:
             key = _p2p_key(gid, me, peer, name)
             rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
+            if rank.p2p_completed.get(key, 0) < seq:
+                inflight.append(InFlight(gid, seq, name, age, peer, size, received_at))
             continue
+        if completed.get(gid, 0) < seq:  # _done's rule for collectives, inline
+            inflight.append(InFlight(gid, seq, name, age, peer, size, received_at))
         _advance(issued, gid, seq)
         group = groups.get(gid)
         if group is not None:
@@ -507,18 +509,23 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
         resource = record.resource
         facts = admission.resource_facts(resource)
         world = facts[2]
-        job = None
-        admitted_members = None
+        job = prior = None
+        checked = None
         memo_ok = not use_span_time and schema.RES_JOB_ID not in a  # the record's job follows from its facts
         if memo_ok:
             job = jobs_by_facts.get(id(facts))
             if job is not None and jobs.get(job.job_id) is not job:
                 job = None
-            if job is not None and kind == schema.KIND_HEARTBEAT:
+            if job is not None:
                 prior = job.ranks.get(rank_id)
-                if prior is not None and prior.resource is resource and prior.hb_table is not None:
-                    admitted_members = prior.hb_table[2]  # this process's settled table: checked then
-        reason = admission.reject_reason(record, rank_id, cfg, world, admitted_members)
+                if prior is not None and prior.resource is not resource:
+                    prior = None  # another process (or host) of this rank: nothing of the last one holds
+        if kind == schema.KIND_HEARTBEAT:
+            checked = admission.heartbeat_checked(a)
+        if prior is not None and checked is not None and checked == prior.hb_checked:
+            reason = None  # what admission reads equals what it admitted of this process last time
+        else:
+            reason = admission.reject_reason(record, rank_id, cfg, world, prior.hb_checked if prior else None)
         if reason is not None:
             if rejected is not None:
                 rejected[reason] = rejected.get(reason, 0) + 1
@@ -535,9 +542,15 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
             job.last_seen = at
         if world > job.world_size:
             job.world_size = world
-        rank = _rank_state(job, record, rank_id, at)
-        if kind == schema.KIND_HEARTBEAT:
+        if prior is not None:  # _rank_state's first case, inline
+            rank = prior
+            if at > rank.last_seen:
+                rank.last_seen = at
+        else:
+            rank = _rank_state(job, record, rank_id, at)
+        if checked is not None:
             _apply_heartbeat(job, rank, record, at, cfg)
+            rank.hb_checked = checked
         else:
             job.spans += 1
             _apply_op_span(job, rank, record, at, cfg)

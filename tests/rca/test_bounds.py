@@ -130,6 +130,43 @@ def test_a_changed_member_list_is_checked_again_within_a_batch() -> None:
     assert engine.ingest(same, job.now + 2.0) == 4
 
 
+def test_a_heartbeat_like_the_last_admitted_one_is_admitted_and_any_change_is_checked() -> None:
+    """apply_records skips admission for a heartbeat whose checked arrays (admission.HEARTBEAT_CHECKED)
+    equal the last admitted heartbeat's of the same process; a changed one (a peer outside the
+    world) is refused, and so is the same heartbeat from another process (a smaller world)."""
+    from mycroft.rca_service import admission
+
+    from mycroft.otlp import DecodeCache
+
+    cache = DecodeCache()
+
+    def wire(records: list[SpanRecord]) -> list[SpanRecord]:
+        return cache.decode(request_from_records(records).SerializeToString())
+
+    engine = Engine(CFG)
+    job = StepJob("checked", 4, t0=100.0)
+    engine.ingest(wire(job.steps(2)), job.now)
+    first = wire(job.heartbeats(job.now))
+    assert engine.ingest(first, job.now) == 4
+    rank = engine.jobs["checked"].ranks[1]
+    assert rank.hb_checked == admission.heartbeat_checked(first[1].attributes)
+    later = job.heartbeats(job.now + 1.0)
+    beat = later[1]
+    beat.attributes = {**beat.attributes, schema.ATTR_HB_INFLIGHT_GROUP_IDS: ["g"], schema.ATTR_HB_INFLIGHT_SEQS: [9],
+                       schema.ATTR_HB_INFLIGHT_OPS: [schema.OP_SEND], schema.ATTR_HB_INFLIGHT_PEERS: [99]}
+    rejected: dict[str, int] = {}
+    assert engine.ingest(wire(later), job.now + 1.0, rejected=rejected) == 3
+    assert rejected == {admission.REJECT_PEER_OUT_OF_WORLD: 1}
+    again = wire(job.heartbeats(job.now + 2.0))
+    assert again[2].attributes[schema.ATTR_HB_GROUP_IDS] is rank.hb_checked[0]  # shared: the shortcut applies
+    assert engine.ingest(again, job.now + 2.0) == 4
+    smaller = [dataclasses.replace(r, resource={**r.resource, schema.RES_WORLD_SIZE: 2}) for r in
+               job.heartbeats(job.now + 3.0)[2:]]
+    rejected = {}
+    engine.ingest(wire(smaller), job.now + 3.0, rejected=rejected)
+    assert rejected.get(admission.REJECT_RANK_OUT_OF_WORLD) == 2, rejected
+
+
 def test_a_job_evicted_mid_batch_is_not_folded_into() -> None:
     """apply_records looks a job up once per batch; a record that evicts it (max_jobs) must not
     leave the batch's later records folding into the evicted state."""

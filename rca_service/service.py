@@ -65,8 +65,13 @@ class ServiceOptions:
 #: cyclic-GC thresholds for a serving process (gc.set_threshold): the default first generation
 #: (700 net allocations) makes a 16k-rank state, millions of live objects, pay a collection every
 #: few hundred heartbeats (~8 us per heartbeat measured, a third of the fold); folded records are
-#: freed by reference counting, so rarer collections cost no memory that matters
-SERVE_GC_THRESHOLDS = (50_000, 20, 20)
+#: freed by reference counting, so rarer collections cost no memory that matters. A young
+#: collection traverses what was allocated since the last one and is still alive; the fold's
+#: objects that live one heartbeat interval (a rank's in-flight ops, its checked arrays) are
+#: mostly gone when the first generation holds 200k (a collection every few seconds at 16k
+#: ranks, ~40 ms each): the fold's GC time went from 1.6 to 0.5 us per heartbeat (in process,
+#: 16k ranks, steady state; at 50k: every ~1 s, ~16 ms each, most of its objects still alive)
+SERVE_GC_THRESHOLDS = (200_000, 20, 20)
 
 
 #: the GIL's switch interval for a serving process (sys.setswitchinterval; CPython's default is

@@ -406,9 +406,24 @@ def _error_text(job: JobState, rank: int, gid: str, seq: int) -> str:
     return "error"
 
 
+def _torn_down_unseen(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> list[int]:
+    """Ranks of the world that never reported, in a job its launcher tore down: every rank it
+    heard from exited on a signal (torchrun SIGTERMs the others when one worker dies). A rank
+    killed within moments of init_process_group sends nothing at all; its peers' final
+    heartbeats are then all there is. Named once the job is older than a rank may take to be
+    lost (a rank that is only slow to start is not one)."""
+    if not job.ranks or len(job.ranks) >= job.world_size or EXITED not in status.values():
+        return []
+    if now - job.first_seen <= cfg.lost_intervals * job.hb_interval + cfg.lost_slack_s:
+        return []
+    if not all(rank.final and rank.exit_reason.startswith("SIG") for rank in job.ranks.values()):
+        return []
+    return [r for r in range(job.world_size) if r not in job.ranks][:256]
+
+
 def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
     if LOST not in status.values():  # a scan in C: nobody is lost in almost every pass
-        return None
+        return _teardown_finding(job, status, now, cfg)
     lost = [r for r, s in status.items() if s == LOST]
     if not lost:
         return None
@@ -420,6 +435,23 @@ def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: Analy
     return Finding(job.job_id, CRASH, text, causes, {},
                    {"lost_ranks": sorted(lost)[:256], "alive": others[ALIVE], "exited": others[EXITED],
                     "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)})
+
+
+def _teardown_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
+    """A crash no rank's silence shows: the ranks that never reported, in a torn-down job."""
+    unseen = _torn_down_unseen(job, status, now, cfg)
+    if not unseen:
+        return None
+    exited = sorted(job.ranks)
+    reasons = sorted({job.ranks[r].exit_reason for r in exited})
+    causes = [RootCause(r, RC_PROCESS_LOST, {
+        "text": f"rank {r} of {job.world_size} never reported (no heartbeat, no span), and every rank that did "
+                f"was terminated ({', '.join(reasons)}): it died first, before its first heartbeat, and the "
+                f"launcher tore the job down", "status": UNSEEN}) for r in unseen]
+    text = (f"{len(unseen)} rank(s) never reported: {', '.join(map(str, unseen[:8]))}; the {len(exited)} that did "
+            f"were all terminated ({', '.join(reasons)})")
+    return Finding(job.job_id, CRASH, text, causes, {},
+                   {"unseen_ranks": unseen, "exited": len(exited), "exit_reasons": reasons})
 
 
 def _straggle_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:

@@ -89,6 +89,31 @@ def test_crash_names_the_rank_that_vanished_without_a_goodbye() -> None:
     assert incident.root_causes[0]["kind"] == "process_lost"
 
 
+def test_a_rank_killed_before_its_first_heartbeat_is_named_when_the_launcher_tears_the_job_down() -> None:
+    """Killed moments after init_process_group, rank 1 sends nothing; torchrun SIGTERMs the others,
+    whose final heartbeats are all the RCA gets: a crash naming the rank that never reported, once
+    the job is older than a rank may take to be lost. Not when the others exited normally, not
+    when every rank reported, not while the job is too young to tell a slow start."""
+    group = Group("world", tuple(range(4)))
+
+    def findings(reason: str, ranks: tuple[int, ...], age_s: float) -> list:
+        state: dict[str, JobState] = {}
+        t0 = 100.0
+        for k, at in enumerate((t0, t0 + 0.3)):
+            beats = [heartbeat("torn", r, 4, at, k, [group], [0], [0], final=k == 1, exit_reason=reason)
+                     for r in ranks]
+            apply_records(state, beats, at, CFG)
+        return analyze_job(state["torn"], t0 + age_s, CFG)
+
+    crash = findings("SIGTERM", (0, 2, 3), 3.0)
+    assert [f.kind for f in crash] == ["crash"]
+    assert [(c.rank, c.kind) for c in crash[0].root_causes] == [(1, "process_lost")]
+    assert "never reported" in crash[0].summary
+    assert findings("exit", (0, 2, 3), 3.0) == []
+    assert findings("SIGTERM", (0, 1, 2, 3), 3.0) == []
+    assert findings("SIGTERM", (0, 2, 3), 0.5) == []
+
+
 def test_mismatch_minority_and_history_tie_break() -> None:
     engine, job = _healthy(world=2)
     nxt = job.seq + 1

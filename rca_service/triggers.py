@@ -30,6 +30,12 @@ def lost_after(rank: RankState, cfg: AnalysisConfig) -> float:
     return cfg.lost_intervals * rank.hb_interval + cfg.lost_slack_s
 
 
+def too_young_to_miss(job: JobState, now: float, cfg: AnalysisConfig) -> bool:
+    """The job has not run longer than a rank may take to be lost: a rank of its world not heard
+    from yet may only be slow to start."""
+    return now - job.first_seen <= cfg.lost_intervals * job.hb_interval + cfg.lost_slack_s
+
+
 def spoke_at(job: JobState, rank: RankState) -> float:
     """When the rank last proved it was alive; 0.0 where liveness cannot be judged."""
     return rank.spoke_at(job.heartbeats > 0)

@@ -57,6 +57,7 @@ from .triggers import (
     late,
     lost_after,
     spoke_at,
+    too_young_to_miss,
 )
 
 
@@ -292,7 +293,7 @@ def _silent_ranks(job: JobState, status: dict[int, str], now: float, cfg: Analys
             return None
     lost.sort(key=lambda r: spoke_at(job, job.ranks[r]))
     missing = [r for r in range(job.world_size) if r not in job.ranks] if len(job.ranks) < job.world_size else []
-    if missing and now - job.first_seen <= cfg.lost_intervals * job.hb_interval + cfg.lost_slack_s:
+    if missing and too_young_to_miss(job, now, cfg):
         return None
     return lost + missing
 
@@ -414,7 +415,7 @@ def _torn_down_unseen(job: JobState, status: dict[int, str], now: float, cfg: An
     lost (a rank that is only slow to start is not one)."""
     if not job.ranks or len(job.ranks) >= job.world_size or EXITED not in status.values():
         return []
-    if now - job.first_seen <= cfg.lost_intervals * job.hb_interval + cfg.lost_slack_s:
+    if too_young_to_miss(job, now, cfg):
         return []
     if not all(rank.final and rank.exit_reason.startswith("SIG") for rank in job.ranks.values()):
         return []

@@ -378,7 +378,7 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
     seqs, ops, ages, peers, sizes, dtypes = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
     n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = map(len, (seqs, ops, ages, peers, sizes, dtypes))
     inflight: list[InFlight] = []
-    groups, issued, completed, me = job.groups, rank.issued, rank.completed, rank.rank
+    groups, issued, me = job.groups, rank.issued, rank.rank
     for i, gid in enumerate(gids):
         if gid.__class__ is not str:
             gid = str(gid)
@@ -397,14 +397,13 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
         size = sizes[i] if i < n_sizes else 0
         if size.__class__ is not int:
             size = _int(size)
+        op = InFlight(gid, seq, name, age, peer, size, received_at)
+        if not _done(rank, op):
+            inflight.append(op)
         if peer >= 0:
             key = _p2p_key(gid, me, peer, name)
             rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
-            if rank.p2p_completed.get(key, 0) < seq:
-                inflight.append(InFlight(gid, seq, name, age, peer, size, received_at))
             continue
-        if completed.get(gid, 0) < seq:  # _done's rule for collectives, inline
-            inflight.append(InFlight(gid, seq, name, age, peer, size, received_at))
         _advance(issued, gid, seq)
         group = groups.get(gid)
         if group is not None:

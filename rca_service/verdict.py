@@ -292,7 +292,7 @@ def _silent_ranks(job: JobState, status: dict[int, str], now: float, cfg: Analys
         elif status.get(rank_id) == ALIVE and late(job, rank, now, cfg):
             return None
     lost.sort(key=lambda r: spoke_at(job, job.ranks[r]))
-    missing = [r for r in range(job.world_size) if r not in job.ranks] if len(job.ranks) < job.world_size else []
+    missing = _never_reported(job)
     if missing and too_young_to_miss(job, now, cfg):
         return None
     return lost + missing
@@ -407,24 +407,27 @@ def _error_text(job: JobState, rank: int, gid: str, seq: int) -> str:
     return "error"
 
 
-def _torn_down_unseen(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> list[int]:
+def _never_reported(job: JobState) -> list[int]:
+    """The ranks of the job's world it has heard nothing from."""
+    return [r for r in range(job.world_size) if r not in job.ranks] if len(job.ranks) < job.world_size else []
+
+
+def _torn_down_unseen(job: JobState, now: float, cfg: AnalysisConfig) -> list[int]:
     """Ranks of the world that never reported, in a job its launcher tore down: every rank it
     heard from exited on a signal (torchrun SIGTERMs the others when one worker dies). A rank
     killed within moments of init_process_group sends nothing at all; its peers' final
     heartbeats are then all there is. Named once the job is older than a rank may take to be
     lost (a rank that is only slow to start is not one)."""
-    if not job.ranks or len(job.ranks) >= job.world_size or EXITED not in status.values():
-        return []
-    if too_young_to_miss(job, now, cfg):
+    if not job.ranks or len(job.ranks) >= job.world_size or too_young_to_miss(job, now, cfg):
         return []
     if not all(rank.final and rank.exit_reason.startswith("SIG") for rank in job.ranks.values()):
         return []
-    return [r for r in range(job.world_size) if r not in job.ranks][:256]
+    return _never_reported(job)[:256]
 
 
 def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
     if LOST not in status.values():  # a scan in C: nobody is lost in almost every pass
-        return _teardown_finding(job, status, now, cfg)
+        return _teardown_finding(job, now, cfg)
     lost = [r for r, s in status.items() if s == LOST]
     if not lost:
         return None
@@ -438,9 +441,9 @@ def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: Analy
                     "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)})
 
 
-def _teardown_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
+def _teardown_finding(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:
     """A crash no rank's silence shows: the ranks that never reported, in a torn-down job."""
-    unseen = _torn_down_unseen(job, status, now, cfg)
+    unseen = _torn_down_unseen(job, now, cfg)
     if not unseen:
         return None
     exited = sorted(job.ranks)

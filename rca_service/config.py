@@ -56,6 +56,7 @@ class AnalysisConfig:
     slow_link_min_idle_s: float = 0.02  # proxy: nothing pending, nothing moving for this long
     slow_link_factor: float = 4.0  # ... and this many times the others' idle time
     slow_link_min_slowdown: float = 1.15
+    slow_baseline_hold_s: float = 600.0  # the job's pace before a slowdown is its baseline this long (at most)
     comm_min_wait_growth: float = 0.08  # a transport slowdown: the ranks' wait share up this much
     imbalance_min_excess: float = 0.05  # compute share above the same-work peers' median
     straggle_warning_slowdown: float = 1.15  # job op rate down this much: a warning, else info

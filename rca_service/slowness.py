@@ -135,18 +135,49 @@ def _median(values: np.ndarray) -> float:
     return float(np.median(values))
 
 
-def _slowdown(w: Windows) -> float:
-    """Job op rate, baseline over recent (medians over the ranks; 1.0 without a baseline)."""
+def _rates(w: Windows) -> tuple[float, float] | None:
+    """Job op rate (median over the ranks): over the baseline, and recently; None without a baseline."""
     based = w.ok & ~np.isnan(w.base)
     if not w.ok.any() or not based.any():
+        return None
+    return _median(w.base_rate[based]), _median(w.recent_rate[w.ok])
+
+
+def _slowdown(w: Windows) -> float:
+    """Job op rate, baseline over recent (medians over the ranks; 1.0 without a baseline)."""
+    rates = _rates(w)
+    if rates is None:
         return 1.0
-    recent_rate = _median(w.recent_rate[w.ok])
-    return _median(w.base_rate[based]) / recent_rate if recent_rate > 0 else 1.0
+    base_rate, recent_rate = rates
+    return base_rate / recent_rate if recent_rate > 0 else 1.0
+
+
+HELD_RATE = "held_rate"  # job.memo: (the job's op rate before it slowed, since when it is held)
 
 
 def job_slowdown(job: JobState, cfg: AnalysisConfig, beats: int) -> float:
-    """How much slower the job completes ops over its last `beats` intervals than before."""
-    return _slowdown(work_table(job, cfg).windows(beats))
+    """How much slower the job completes ops over its last `beats` intervals than before it slowed.
+
+    The baseline window slides: a slowdown that lasts (a NIC capped to a third of its bandwidth)
+    fills it with slow intervals, and within ~5 intervals the job "is not slower" while its link
+    still paces it. So once the job runs `cfg.straggle_min_slowdown` slower, the rate it ran at
+    before is held (job.memo) and measured against, for at most `cfg.slow_baseline_hold_s`, until
+    the job is back to that pace; a baseline that is faster than the held one replaces it.
+    """
+    rates = _rates(work_table(job, cfg).windows(beats))
+    if rates is None:
+        return 1.0
+    base_rate, recent_rate = rates
+    held = job.memo.get(HELD_RATE)
+    if held is not None and (held[0] <= base_rate or not 0.0 <= job.last_seen - held[1] <= cfg.slow_baseline_hold_s):
+        held = None
+    reference = held[0] if held is not None else base_rate
+    slowdown = reference / recent_rate if recent_rate > 0 else 1.0
+    if slowdown < cfg.straggle_min_slowdown:
+        job.memo.pop(HELD_RATE, None)
+    elif held is None:
+        job.memo[HELD_RATE] = (base_rate, job.last_seen)
+    return slowdown
 
 
 def _onset(job: JobState, cfg: AnalysisConfig, beats: int, min_growth: float, min_slowdown: float,

@@ -556,18 +556,21 @@ def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
 
 
 SLOWNESS_COSTLY_S = 0.005  # a slowness search slower than this is bounded (below); cheaper ones always run
-SLOWNESS_SHARE = 0.05  # ... to about this share of the time: re-run after max(interval, cost / share)
+SLOWNESS_SHARE = 0.05  # ... to about this share of the time: re-run after max(interval, cost / share) ...
+SLOWNESS_MAX_HOLD = 2.0  # ... but at most this many heartbeat intervals (a slowdown is named within ~3)
 
 
 def _slowdown_bounded(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:
     """_slowdown_finding, bounded: its search is O(ranks) over per-interval samples (16k ranks:
     ~40 ms of CPU in one process, ~2x that in a busy service; work_table.py), and a slowness
     verdict is judged over 3-8 intervals anyway; so where it is costly the last result stands
-    for max(one heartbeat interval, its cost / SLOWNESS_SHARE): at 16k ranks a search every
-    1-2 s (every pass was 10-20% of a core). A cheap one (1k ranks: ~3 ms) always runs."""
+    for max(one heartbeat interval, its cost / SLOWNESS_SHARE), capped at SLOWNESS_MAX_HOLD
+    intervals (a first search pays one-off costs, ~0.2 s at 16k ranks: held 4 s, it hid a slow
+    link for that long): at 16k ranks a search every 1-2 s (every pass was 10-20% of a core).
+    A cheap one (1k ranks: ~3 ms) always runs."""
     memo = job.memo.get("slowdown")
-    if memo is not None and memo[2] > SLOWNESS_COSTLY_S and \
-            0.0 <= now - memo[0] < max(job.hb_interval, memo[2] / SLOWNESS_SHARE):
+    if memo is not None and memo[2] > SLOWNESS_COSTLY_S and 0.0 <= now - memo[0] < \
+            min(max(job.hb_interval, memo[2] / SLOWNESS_SHARE), SLOWNESS_MAX_HOLD * job.hb_interval):
         return memo[1]
     started = time.thread_time()
     found = _slowdown_finding(job, cfg)

@@ -5,8 +5,10 @@ Hand-built 6-rank rings (counters as the plugin reports them), independent of th
 
 from __future__ import annotations
 
+from mycroft.rca_service import verdict
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.slow_links import LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY, find_slow_link, flow_mark
+from mycroft.rca_service.slowness import HELD_RATE, job_slowdown
 from mycroft.rca_service.state import JobState, RankState
 
 from mycroft import schema
@@ -95,3 +97,71 @@ def test_one_sample_in_which_the_queue_drained_does_not_hide_the_slow_link() -> 
     found = find_slow_link(_job([slow, {}, slow, slow]), CFG, slowdown=1.8)  # oldest first: a dip, then 2 more
     assert found is not None and (found.rank, found.locus) == (2, LOCUS_NETWORK)
     assert find_slow_link(_job([slow, {}, {}, slow]), CFG, slowdown=1.8) is None  # two dips: not persistent
+
+
+# ---------------------------------------------------------------------------- the held baseline
+def _paced_job(ranks: int = 8) -> JobState:
+    job = JobState("paced")
+    for r in range(ranks):
+        job.ranks[r] = RankState(r)
+    return job
+
+
+def _beat(job: JobState, at: float, ops_per_s: int) -> None:
+    """One heartbeat interval of every rank: ops completed at this pace, 40% of the time in comm."""
+    for rank in job.ranks.values():
+        t, comm, ops = rank.work[-1] if rank.work else (at - 1.0, 0.0, 0)
+        rank.work.append((at, comm + 0.4 * (at - t), ops + ops_per_s))
+        job.heartbeats += 1  # as the fold counts them (the work table refreshes on it)
+    job.last_seen = at
+
+
+def test_a_slowdown_that_lasts_stays_a_slowdown_and_ends_when_the_pace_is_back() -> None:
+    """The baseline window slides over slow intervals: without the held rate a job 1.5x slower is
+    "not slower" ~6 intervals later (its NIC still capped), and its slow link goes unnamed."""
+    job, at = _paced_job(), 100.0
+    for _ in range(12):
+        at += 1.0
+        _beat(job, at, 30)
+    assert job_slowdown(job, CFG, CFG.slow_link_beats) == 1.0
+    seen = []
+    for _ in range(25):
+        at += 1.0
+        _beat(job, at, 20)
+        seen.append(job_slowdown(job, CFG, CFG.slow_link_beats))
+    assert all(s >= 1.45 for s in seen[2:]), seen  # from the 3rd slow interval on, all along
+    assert HELD_RATE in job.memo
+    for _ in range(4):
+        at += 1.0
+        _beat(job, at, 30)
+        back = job_slowdown(job, CFG, CFG.slow_link_beats)
+    assert back < 1.05 and HELD_RATE not in job.memo, back  # back at its pace: nothing held
+
+
+def test_the_held_rate_expires_and_a_faster_baseline_replaces_it() -> None:
+    cfg = AnalysisConfig(slow_baseline_hold_s=6.0)
+    job, at = _paced_job(), 100.0
+    for _ in range(12):
+        at += 1.0
+        _beat(job, at, 30)
+    seen = []
+    for _ in range(20):
+        at += 1.0
+        _beat(job, at, 20)
+        seen.append(job_slowdown(job, cfg, cfg.slow_link_beats))
+    assert max(seen) >= 1.45 and seen[-1] < 1.05, seen  # the new pace is the baseline once the hold ran out
+    job.memo[HELD_RATE] = (10.0, at)  # a held rate slower than the job's baseline is no reference
+    at += 1.0
+    _beat(job, at, 20)
+    assert job_slowdown(job, cfg, cfg.slow_link_beats) < 1.05
+
+
+def test_a_costly_slowness_search_is_held_at_most_two_intervals() -> None:
+    """At 16k ranks a first search costs ~0.2 s (one-off work): held cost / 5% = 4 s, it hid a
+    slow link for that long. The hold is capped at SLOWNESS_MAX_HOLD intervals."""
+    job = _paced_job()
+    held = object()
+    job.memo["slowdown"] = (100.0, held, 0.2)
+    assert verdict._slowdown_bounded(job, 100.0 + 0.9 * verdict.SLOWNESS_MAX_HOLD, CFG) is held
+    assert verdict._slowdown_bounded(job, 100.0 + 1.1 * verdict.SLOWNESS_MAX_HOLD, CFG) is None  # searched again
+    assert job.memo["slowdown"][1] is None

@@ -57,15 +57,26 @@ def peer_groups(job: JobState) -> dict[int, list[frozenset[int]]]:
     found = job.memo.get("peer_groups")
     if found is not None and found[0] == len(ran):
         return found[1]
-    groups = {frozenset(g.ranks) for g in ran}
-    by_size = sorted(groups, key=len)
-    minimal = [g for i, g in enumerate(by_size) if not any(o < g for o in by_size[:i])]
     out: dict[int, list[frozenset[int]]] = defaultdict(list)
-    for members in minimal:
+    for members in _minimal({frozenset(g.ranks) for g in ran}):
         for r in members:
             out[r].append(members)
     job.memo["peer_groups"] = (len(ran), out)
     return out
+
+
+def _minimal(groups: set[frozenset[int]]) -> list[frozenset[int]]:
+    """The groups that strictly contain no other group, smallest first.
+
+    A group inside `g` has its smallest member in `g`: only the groups whose smallest member is
+    one of g's are compared (all pairs was 16M subset tests for 4k groups at 16k ranks, 0.35 s,
+    and the memo above turns over each time another DP group's first sampled collective lands).
+    """
+    by_least: dict[int, list[frozenset[int]]] = defaultdict(list)
+    for g in groups:
+        if g:
+            by_least[min(g)].append(g)
+    return sorted((g for g in groups if not any(o < g for m in g for o in by_least.get(m, ()))), key=len)
 
 
 def _median_floor(values: list[float]) -> float:

@@ -118,7 +118,8 @@ class SeqRecord:
     ends: dict[int, float] = field(default_factory=dict)
     states: dict[int, str] = field(default_factory=dict)
     version: int = 0  # bumped by the fold on every change of sigs / states
-    clean: tuple[int, int, int] | None = None  # (version, sigs, states) when find_mismatches found it clean
+    rewrites: int = 0  # ... of which a member's signature or state replaced by another value
+    clean: tuple[int, int, int, int] | None = None  # (version, sigs, states, rewrites) when found clean
 
 
 @dataclass(slots=True)
@@ -129,6 +130,8 @@ class GroupState:
     desc: str = ""  # the group's description (torch group_desc, e.g. "tp0"), from its op spans
     seqs: dict[int, SeqRecord] = field(default_factory=dict)
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    op_spans: int = 0  # op spans folded into its seqs (the ends / starts of seqs change only with one)
+    version: int = 0  # bumped with every change of its seq records (find_mismatches reads changed groups)
     # signature digests per block of seqs: block -> rank -> digest (schema.ATTR_HB_DIGEST_*)
     digests: dict[int, dict[int, int]] = field(default_factory=dict)
 
@@ -375,10 +378,11 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
     said completed (_done; its frontiers are folded first); collectives also advance the issued
     frontier and leave their signature at their seq (a mismatch that hangs shows there). Decoded
     values are shared between heartbeats: read, never changed."""
-    seqs, ops, ages, peers, sizes, dtypes = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
+    seqs, ops, ages, peers, sizes, dtypes = [v if v.__class__ is list else _list(v)  # _shared_list, inline
+                                             for v in map(a.get, _INFLIGHT_ARRAYS)]
     n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = map(len, (seqs, ops, ages, peers, sizes, dtypes))
     inflight: list[InFlight] = []
-    groups, issued, me = job.groups, rank.issued, rank.rank
+    groups, issued, completed, me = job.groups, rank.issued, rank.completed, rank.rank
     for i, gid in enumerate(gids):
         if gid.__class__ is not str:
             gid = str(gid)
@@ -398,20 +402,26 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
         if size.__class__ is not int:
             size = _int(size)
         op = InFlight(gid, seq, name, age, peer, size, received_at)
-        if not _done(rank, op):
-            inflight.append(op)
         if peer >= 0:
+            if not _done(rank, op):
+                inflight.append(op)
             key = _p2p_key(gid, me, peer, name)
             rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
             continue
-        _advance(issued, gid, seq)
+        if completed.get(gid, 0) < seq:  # _done's collective case, inline (the hot path at 16k ranks)
+            inflight.append(op)
+        if seq > issued.get(gid, 0):  # _advance, inline
+            issued[gid] = seq
         group = groups.get(gid)
         if group is not None:
-            rec = _seq_record(group, seq, cfg)
+            rec = group.seqs.get(seq)
+            if rec is None:
+                rec = _seq_record(group, seq, cfg)
             if me not in rec.sigs:
                 dtype = dtypes[i] if i < n_dtypes else ""
                 rec.sigs[me] = (name, size, dtype if dtype.__class__ is str else str(dtype))
                 rec.version += 1
+                group.version += 1
     return inflight
 
 
@@ -465,9 +475,15 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
     _advance(rank.issued, gid, seq)
     rec = _seq_record(group, seq, cfg)
     rec.version += 1
-    rec.sigs[rank.rank] = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))
-    rec.starts[rank.rank] = record.start_ns / 1e9
-    rec.states[rank.rank] = state
+    group.op_spans += 1
+    group.version += 1
+    me = rank.rank
+    sig = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))
+    if rec.sigs.get(me, sig) != sig or rec.states.get(me, state) != state:
+        rec.rewrites += 1  # what the member said here changed (not only added to): re-read it all
+    rec.sigs[me] = sig
+    rec.starts[me] = record.start_ns / 1e9
+    rec.states[me] = state
     if done:
         rank.timeline.append((record.start_ns / 1e9, record.end_ns / 1e9, gid, seq))
         rec.ends[rank.rank] = record.end_ns / 1e9

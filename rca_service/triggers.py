@@ -199,60 +199,70 @@ def find_mismatches(job: JobState, recent: int = 4) -> list[Mismatch]:
 
     The minority diverges; ties are broken by which signature the group used before
     (training repeats itself, so history says what "normal" looks like).
+
+    A group's answer is a function of its seq records, and the fold bumps `group.version` with
+    every change of them: a group found clean is read again only once it changed (at 16k ranks
+    the 4k groups' newest seqs were half of every analysis pass, most of them unchanged).
     """
-    # a standing job (a hang: nothing moves) re-checks nothing: when every group's window of seqs
-    # and every newest record's version are what the last pass found all clean, it is still clean
     groups = list(job.groups.values())
-    windows = list(map(_SEQS, groups))
-    window_keys = (list(map(len, windows)), list(map(next, map(reversed, windows), itertools.repeat(None))))
-    skip = job.memo.get(f"mismatch_clean/{recent}")
-    if skip is not None and len(skip[0]) == len(groups) and all(map(operator.is_, skip[0], groups)) and \
-            skip[1] == window_keys and skip[3] == list(map(_VERSION, skip[2])):
-        return []
-    found: list[Mismatch] = []
-    visited: list[SeqRecord] = []
-    all_clean = True
+    versions = list(map(_VERSION, groups))
+    memo = job.memo.get(f"mismatches/{recent}")
     newest: dict[str, tuple[int, int, list[int]]] = job.memo.setdefault(f"newest_seqs/{recent}", {})
-    for gid, group in job.groups.items():
-        seqs = group.seqs
-        if not seqs:
+    if memo is not None and len(memo[0]) == len(groups) and all(map(operator.is_, memo[0], groups)):
+        results: list[list[Mismatch] | None] = memo[2]  # None: clean
+        todo = sorted({*itertools.compress(range(len(groups)), map(operator.ne, versions, memo[1])),
+                       *(i for i, found in enumerate(results) if found is not None)})
+    else:
+        results, todo = [None] * len(groups), list(range(len(groups)))
+    for i in todo:
+        results[i] = _group_mismatches(groups[i], recent, newest)
+    job.memo[f"mismatches/{recent}"] = (groups, versions, results)
+    return [m for found in results if found is not None for m in found]
+
+
+def _group_mismatches(group: GroupState, recent: int, newest: dict[str, tuple[int, int, list[int]]]) \
+        -> list[Mismatch] | None:
+    """find_mismatches of one group: its mismatches (maybe none yet), or None when it is clean."""
+    seqs = group.seqs
+    if not seqs:
+        return None
+    last = next(reversed(seqs))
+    known = newest.get(group.group_id)
+    if known is None or known[0] != len(seqs) or known[1] != last:
+        known = newest[group.group_id] = (len(seqs), last, _newest_seqs(seqs, recent, known))
+    found: list[Mismatch] = []
+    all_clean = True
+    for seq in known[2]:
+        rec = seqs[seq]
+        clean = rec.clean
+        if clean is not None and clean[0] == rec.version:
+            continue  # found agreeing and without failures, and unchanged since (every change bumps the version)
+        sigs, states = rec.sigs, rec.states
+        mark = (rec.version, len(sigs), len(states), rec.rewrites)
+        first = next(iter(sigs.values()), None)
+        if first is None:
+            all_clean = False
             continue
-        last = next(reversed(seqs))
-        known = newest.get(gid)
-        if known is None or known[0] != len(seqs) or known[1] != last:
-            known = newest[gid] = (len(seqs), last, _newest_seqs(seqs, recent, known))
-        for seq in known[2]:
-            rec = seqs[seq]
-            visited.append(rec)
-            clean = rec.clean
-            if clean is not None and clean[0] == rec.version:
-                continue  # found agreeing and without failures, and unchanged since (every change bumps the version)
-            sigs = rec.sigs
-            mark = (rec.version, len(sigs), len(rec.states))
-            first = next(iter(sigs.values()), None)
-            if first is None:
-                all_clean = False
-                continue
-            # found clean, and since then every change (one version each) added a member's signature,
-            # none overwrote one: only the new ones need comparing (heartbeats add 16k of them to a
-            # world seq over a second; each pass used to compare them all again)
-            if clean is not None and mark[2] == clean[2] and mark[0] - clean[0] == mark[1] - clean[1] and \
-                    not any(_differs(first, s) for s in itertools.islice(sigs.values(), clean[1], None)):
-                rec.clean = mark
-                continue
-            if len(sigs) >= 2 and any(_differs(first, s) for s in sigs.values()):
-                found.append(_split(group, seq, sigs))
-                continue
-            novel = _novel_failure(group, seq)
-            if novel is not None:
-                found.append(novel)
-            elif not any(st in (schema.STATE_ERROR, schema.STATE_TIMEOUT) for st in rec.states.values()):
-                rec.clean = mark  # a pure function of this record: stays clean until it changes
-            else:
-                all_clean = False
-    job.memo[f"mismatch_clean/{recent}"] = (groups, window_keys, visited, list(map(_VERSION, visited))) \
-        if not found and all_clean else None
-    return found
+        # found clean, and since then the fold only added members' signatures and states (or wrote
+        # the same ones again), it replaced none: only the new ones need reading (heartbeats and
+        # sampled op spans add 16k of them to a world seq over a second; each pass used to compare
+        # them all again). Dicts keep insertion order: the new ones are the last.
+        if clean is not None and mark[3] == clean[3] and \
+                not any(_differs(first, s) for s in itertools.islice(sigs.values(), clean[1], None)) and \
+                not any(st in _FAILED for st in itertools.islice(states.values(), clean[2], None)):
+            rec.clean = mark
+            continue
+        if len(sigs) >= 2 and any(_differs(first, s) for s in sigs.values()):
+            found.append(_split(group, seq, sigs))
+            continue
+        novel = _novel_failure(group, seq)
+        if novel is not None:
+            found.append(novel)
+        elif not any(st in _FAILED for st in states.values()):
+            rec.clean = mark  # a pure function of this record: stays clean until it changes
+        else:
+            all_clean = False
+    return None if all_clean and not found else found
 
 
 def _newest_seqs(seqs: dict[int, SeqRecord], recent: int, known: tuple[int, int, list[int]] | None) -> list[int]:
@@ -271,7 +281,7 @@ def _newest_seqs(seqs: dict[int, SeqRecord], recent: int, known: tuple[int, int,
     return sorted(seqs)[-recent:]
 
 
-_SEQS = operator.attrgetter("seqs")
+_FAILED = (schema.STATE_ERROR, schema.STATE_TIMEOUT)
 _VERSION = operator.attrgetter("version")
 
 
@@ -422,10 +432,17 @@ def _last_arrivals(window: list[tuple[int, float, dict[int, float], float]]) -> 
 
 def find_slowdowns(job: JobState, cfg: AnalysisConfig) -> list[Slowdown]:
     found: list[Slowdown] = []
-    for group in job.groups.values():
+    # a group's complete seqs change only with an op span folded into it, or a seq added / dropped:
+    # at 16k ranks re-reading every seq record of 4k groups was ~0.1 s a search
+    memo: dict[str, tuple[tuple[int, int, int, int], list[Any]]] = job.memo.setdefault("complete_seqs", {})
+    for gid, group in job.groups.items():
         if not group.durations:
             continue  # no op span completed in it (heartbeats only): no seq every member reported
-        seqs = _complete_seqs(group)
+        key = (group.op_spans, len(group.seqs), next(reversed(group.seqs), 0), group.size)
+        known = memo.get(gid)
+        if known is None or known[0] != key:
+            known = memo[gid] = (key, _complete_seqs(group))
+        seqs = known[1]
         if len(seqs) < cfg.slow_window + 2:
             continue
         times = [s[1] for s in seqs]

@@ -9,6 +9,7 @@ check the memos against changes that must invalidate them.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 
@@ -315,12 +316,70 @@ def test_a_clean_seq_that_gains_a_divergent_heartbeat_signature_is_a_mismatch() 
     engine.ingest([beat(0, schema.OP_ALL_REDUCE, 1.0), beat(1, schema.OP_ALL_REDUCE, 1.0)], 1.0)
     state = engine.jobs["job"]
     rec = state.groups[group.id].seqs[5]
-    assert find_mismatches(state) == [] and rec.clean == (rec.version, 2, 0)
+    assert find_mismatches(state) == [] and rec.clean == (rec.version, 2, 0, 0)
     engine.ingest([beat(2, schema.OP_ALL_REDUCE, 2.0)], 2.0)
-    assert find_mismatches(state) == [] and rec.clean == (rec.version, 3, 0)  # the new one agreed
+    assert find_mismatches(state) == [] and rec.clean == (rec.version, 3, 0, 0)  # the new one agreed
     engine.ingest([beat(3, schema.OP_BROADCAST, 3.0)], 3.0)
     found = find_mismatches(state)
     assert [sorted(m.minority) for m in found] == [[3]] and found[0].field == "op"
+
+
+def _mismatch_facts(found: list) -> list:  # type: ignore[type-arg]
+    return sorted((m.group_id, m.seq, sorted(m.minority), m.field, m.basis) for m in found)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_incremental_mismatch_check_finds_what_a_fresh_one_finds(seed: int) -> None:
+    """Heartbeat signatures and op spans (sampled: some members only, some twice, some failed, some
+    with another size / dtype / op than their heartbeat said) land on a few seqs between passes;
+    after every batch the memoized check says what a check with every memo cleared says."""
+    rng = random.Random(seed)
+    engine = Engine()
+    group = Group("g", tuple(range(6)))
+    at, checked = 1.0, 0
+    for _ in range(40):
+        records: list[SpanRecord] = []
+        for _ in range(rng.randint(1, 4)):
+            r, seq = rng.randrange(6), rng.randint(1, 3)
+            op = schema.OP_BROADCAST if rng.random() < 0.08 else schema.OP_ALL_REDUCE
+            nbytes = 999 if rng.random() < 0.08 else 4096
+            dtype = "float64" if rng.random() < 0.08 else "float32"
+            if rng.random() < 0.5:
+                records.append(heartbeat("job", r, 6, at, int(at * 100), [group], [seq], [seq - 1],
+                                         [InFlightOp(group, seq, op=op, age_s=0.1)]))
+            else:
+                state = rng.choice([schema.STATE_COMPLETED] * 8 + [schema.STATE_ERROR, schema.STATE_TIMEOUT])
+                records.append(collective("job", r, 6, group, seq, at - 0.1, at, op=op, nbytes=nbytes, dtype=dtype,
+                                          state=state))
+            at += 0.01
+        engine.ingest(records, at)
+        kept = engine.jobs["job"]
+        fresh = copy.deepcopy(kept)
+        memoized = _mismatch_facts(find_mismatches(kept))  # its memos carry on from pass to pass
+        for gs in fresh.groups.values():
+            for rec in gs.seqs.values():
+                rec.clean = None
+        fresh.memo.clear()
+        assert memoized == _mismatch_facts(find_mismatches(fresh)), (seed, at)
+        checked += bool(memoized)
+    assert checked  # some mismatches were there to find
+
+
+def test_a_clean_seq_whose_only_member_then_fails_there_is_read_again() -> None:
+    """Rank 0's heartbeat put its broadcast at seq 5 (one signature: clean); its op span then says
+    that broadcast failed, nothing else changed: a failure this group's history never saw."""
+    engine = Engine()
+    group = Group("g", (0, 1))
+    engine.ingest([collective("job", r, 2, group, seq, seq - 0.1, seq, dtype="") for seq in range(1, 5)
+                   for r in (0, 1)], 4.5)
+    engine.ingest([heartbeat("job", 0, 2, 5.0, 5, [group], [5], [4],
+                             [InFlightOp(group, 5, op=schema.OP_BROADCAST, age_s=0.1)])], 5.0)
+    state = engine.jobs["job"]
+    assert find_mismatches(state) == [] and state.groups[group.id].seqs[5].clean is not None
+    engine.ingest([collective("job", 0, 2, group, 5, 4.9, 5.1, op=schema.OP_BROADCAST, dtype="",
+                              state=schema.STATE_ERROR)], 5.2)
+    found = find_mismatches(state)
+    assert [(m.seq, sorted(m.minority), m.basis) for m in found] == [(5, [0], "history")], found
 
 
 def test_the_fold_replaces_ops_in_flight_and_appends_work_samples() -> None:
@@ -426,3 +485,16 @@ def test_the_newest_seqs_of_a_window_follow_it_as_the_fold_moves_it() -> None:
         if known is None or known[0] != len(seqs) or known[1] != last:
             known = (len(seqs), last, _newest_seqs(seqs, 4, known))
         assert known[2] == sorted(seqs)[-4:], step
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_minimal_groups_are_the_all_pairs_answer(seed: int) -> None:
+    """slowness._minimal compares a group only with the groups whose smallest member is in it."""
+    rng = random.Random(seed)
+    groups = {frozenset(rng.sample(range(40), rng.randint(1, 12))) for _ in range(60)}
+    groups |= {g | {99} for g in list(groups)[:10]}  # strict supersets of some
+    by_size = sorted(groups, key=len)
+    expected = {g for i, g in enumerate(by_size) if not any(o < g for o in by_size[:i])}
+    found = slowness._minimal(groups)
+    assert set(found) == expected and len(found) == len(expected)
+    assert [len(g) for g in found] == sorted(len(g) for g in found)

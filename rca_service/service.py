@@ -47,10 +47,10 @@ class ServiceOptions:
     tick_s: float = 0.2
     # of one core: passes of t CPU s (smoothed) wait max(tick_s, t * (1/share - 1)), at most
     # max_pass_wait_s. Small jobs (a pass of a few ms) still run every tick; a 16k-rank job's
-    # ~20-40 ms passes run every ~0.25-0.45 s, which a verdict that needs a second of silence
+    # ~15-25 ms passes run every ~0.3-0.5 s, which a verdict that needs a second of silence
     # hardly notices; the cap keeps the costly pass at a hang's onset (drawing, storing) from
-    # pushing the next one seconds away
-    max_analysis_share: float = 0.08
+    # pushing the next one seconds away. (0.08 before the passes got cheaper: the same cadence.)
+    max_analysis_share: float = 0.05
     max_pass_wait_s: float = 0.5
     max_queued_spans: int = 500_000
     max_queued_heartbeats: int = 100_000  # ~6 s of a 16k-rank job; they never wait behind op spans

@@ -378,11 +378,10 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
     said completed (_done; its frontiers are folded first); collectives also advance the issued
     frontier and leave their signature at their seq (a mismatch that hangs shows there). Decoded
     values are shared between heartbeats: read, never changed."""
-    seqs, ops, ages, peers, sizes, dtypes = [v if v.__class__ is list else _list(v)  # _shared_list, inline
-                                             for v in map(a.get, _INFLIGHT_ARRAYS)]
+    seqs, ops, ages, peers, sizes, dtypes = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
     n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = map(len, (seqs, ops, ages, peers, sizes, dtypes))
     inflight: list[InFlight] = []
-    groups, issued, completed, me = job.groups, rank.issued, rank.completed, rank.rank
+    groups, issued, me = job.groups, rank.issued, rank.rank
     for i, gid in enumerate(gids):
         if gid.__class__ is not str:
             gid = str(gid)
@@ -402,21 +401,16 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
         if size.__class__ is not int:
             size = _int(size)
         op = InFlight(gid, seq, name, age, peer, size, received_at)
+        if not _done(rank, op):
+            inflight.append(op)
         if peer >= 0:
-            if not _done(rank, op):
-                inflight.append(op)
             key = _p2p_key(gid, me, peer, name)
             rank.p2p_issued[key] = max(rank.p2p_issued.get(key, 0), seq)
             continue
-        if completed.get(gid, 0) < seq:  # _done's collective case, inline (the hot path at 16k ranks)
-            inflight.append(op)
-        if seq > issued.get(gid, 0):  # _advance, inline
-            issued[gid] = seq
+        _advance(issued, gid, seq)
         group = groups.get(gid)
         if group is not None:
-            rec = group.seqs.get(seq)
-            if rec is None:
-                rec = _seq_record(group, seq, cfg)
+            rec = _seq_record(group, seq, cfg)
             if me not in rec.sigs:
                 dtype = dtypes[i] if i < n_dtypes else ""
                 rec.sigs[me] = (name, size, dtype if dtype.__class__ is str else str(dtype))

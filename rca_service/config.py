@@ -56,6 +56,10 @@ class AnalysisConfig:
     slow_link_min_idle_s: float = 0.02  # proxy: nothing pending, nothing moving for this long
     slow_link_factor: float = 4.0  # ... and this many times the others' idle time
     slow_link_min_slowdown: float = 1.15
+    # ... or, with no slowdown against a baseline (slow from the job's start), in each of this many
+    # sampled heartbeats and this many times what any other rank holds there
+    slow_link_alone_beats: int = 6
+    slow_link_alone_factor: float = 2.0
     slow_baseline_hold_s: float = 600.0  # the job's pace before a slowdown is its baseline this long (at most)
     comm_min_wait_growth: float = 0.08  # a transport slowdown: the ranks' wait share up this much
     imbalance_min_excess: float = 0.05  # compute share above the same-work peers' median

@@ -16,12 +16,22 @@ per-flow counters, flow_state.py):
 
 A rank holds a backlog at one of its own loci in the recent heartbeats that sampled its
 flows (all of the last 3, or 3 of the last 4), well above what the ring's other ranks ever
-hold there, while the job runs slower than its baseline: that rank's link is named. Pure functions of the job state.
+hold there, while the job runs slower than its baseline: that rank's link is named.
+
+A link that was slow from the job's first second leaves no baseline to be slower than (a
+bad cable is there before the launch). Then the rank is named on its flows alone, on
+stricter evidence: it holds the backlog in each of its last `slow_link_alone_beats` sampled
+heartbeats, and `slow_link_alone_factor` times what any other rank holds (the two ranks at
+a node boundary of a ring that is network-bound by design hold alike: nobody is named).
+That search reads every rank's flows whatever the pace, so it runs at most every
+`ALONE_EVERY_INTERVALS` heartbeat intervals and to about `ALONE_SHARE` of the time.
+Functions of the job state (the paced search keeps its last answer in job.memo).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +74,12 @@ class SlowLink:
     beats: int
     slowdown: float
     evidence: dict[str, Any] = field(default_factory=dict)
+    alone: bool = False  # named on its flows alone: the job shows no slowdown against a baseline
+
+
+ALONE_MEMO = "slow_link_alone"  # job.memo: (job.last_seen, answer, cost s) of the last search on flows alone
+ALONE_EVERY_INTERVALS = 3.0
+ALONE_SHARE = 0.02
 
 
 def flow_mark(rank: int, attrs: Mapping[str, Any]) -> FlowMark | None:
@@ -98,9 +114,10 @@ def _marks(job: JobState, beats: int) -> dict[int, list[FlowMark]]:
     return out
 
 
-def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
-             cfg: AnalysisConfig) -> tuple[int, float, float, int] | None:
-    """(rank, held, ring typical, peer) of the rank holding most at `locus` in its recent sampled beats."""
+def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int, cfg: AnalysisConfig,
+             alone: bool = False) -> tuple[int, float, float, int] | None:
+    """(rank, held, ring typical, peer) of the rank holding most at `locus` in its recent sampled beats;
+    `alone`: and slow_link_alone_factor times what the next rank holds there."""
     def value_of(m: FlowMark) -> float:
         return float(m.network) if locus == LOCUS_NETWORK else float(m.pcie) if locus == LOCUS_PCIE else m.idle_s
 
@@ -120,6 +137,11 @@ def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
     top = max(holding, key=holding.__getitem__)
     value = holding[top]
     typical = statistics.median(max(value_of(m) for m in ms) for r, ms in full.items() if r != top)
+    if alone:
+        second = max(v for r, v in holding.items() if r != top)
+        margin = 0.0 if locus == LOCUS_PROXY else cfg.slow_link_min_steps
+        if value < cfg.slow_link_alone_factor * second or value < second + margin:
+            return None
     if locus == LOCUS_PROXY:
         if value < cfg.slow_link_min_idle_s or value < cfg.slow_link_factor * typical:
             return None
@@ -133,12 +155,28 @@ def _culprit(marks: Mapping[int, Sequence[FlowMark]], locus: str, beats: int,
 
 
 def find_slow_link(job: JobState, cfg: AnalysisConfig, slowdown: float) -> SlowLink | None:
-    """The rank whose link paces the job, when the job runs slower and one rank's flows say why."""
-    if slowdown < cfg.slow_link_min_slowdown:
-        return None
-    beats = cfg.slow_link_beats
+    """The rank whose link paces the job: when the job runs slower and one rank's flows say why,
+    or, with no slowdown to go by, when its flows alone do (paced: _alone_paced)."""
+    if slowdown >= cfg.slow_link_min_slowdown:
+        return _search(job, cfg, slowdown, cfg.slow_link_beats, alone=False)
+    return _alone_paced(job, cfg, slowdown)
+
+
+def _alone_paced(job: JobState, cfg: AnalysisConfig, slowdown: float) -> SlowLink | None:
+    """_search on flows alone, re-run after max(ALONE_EVERY_INTERVALS intervals, cost / ALONE_SHARE)."""
+    memo = job.memo.get(ALONE_MEMO)
+    now = job.last_seen
+    if memo is not None and 0.0 <= now - memo[0] < max(ALONE_EVERY_INTERVALS * job.hb_interval, memo[2] / ALONE_SHARE):
+        return memo[1]
+    started = time.thread_time()
+    found = _search(job, cfg, slowdown, cfg.slow_link_alone_beats, alone=True)
+    job.memo[ALONE_MEMO] = (now, found, time.thread_time() - started)
+    return found
+
+
+def _search(job: JobState, cfg: AnalysisConfig, slowdown: float, beats: int, alone: bool) -> SlowLink | None:
     marks = _marks(job, beats)
-    found_at = {locus: _culprit(marks, locus, beats, cfg) for locus in (LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY)}
+    found_at = {locus: _culprit(marks, locus, beats, cfg, alone) for locus in (LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY)}
     net, pcie = found_at[LOCUS_NETWORK], found_at[LOCUS_PCIE]
     if net is not None and pcie is not None and net[0] == pcie[0]:
         found_at[LOCUS_NETWORK] = None  # its sends and its receives both lag: the GPU<->NIC path (PCIe)
@@ -148,11 +186,14 @@ def find_slow_link(job: JobState, cfg: AnalysisConfig, slowdown: float) -> SlowL
             continue
         rank, held, typical, peer = found
         unit = "s idle" if locus == LOCUS_PROXY else " steps"
+        pace = (f"the job completes ops x{slowdown:.2f} against its baseline: it has run at this pace since before "
+                f"one was measured, and no other rank holds more than 1/{cfg.slow_link_alone_factor:g} of that"
+                if alone else f"the job completes ops x{slowdown:.2f} slower")
         text = (f"rank {rank}: {_LOCUS_TEXT[locus]}; it held {held:g}{unit} there in each of its last {beats} "
-                f"sampled heartbeats, the ring's other ranks at most {typical:g}{unit} (median); the job completes "
-                f"ops x{slowdown:.2f} slower" + (f"; the link to rank {peer}" if peer >= 0 else ""))
+                f"sampled heartbeats, the ring's other ranks at most {typical:g}{unit} (median); {pace}"
+                + (f"; the link to rank {peer}" if peer >= 0 else ""))
         evidence = {"text": text, "locus": locus, "held": held, "ring_typical": typical, "beats": beats,
-                    "peer": peer if peer >= 0 else None, "job_slowdown": round(slowdown, 3),
+                    "peer": peer if peer >= 0 else None, "job_slowdown": round(slowdown, 3), "no_baseline": alone,
                     "suspect_side": flow_state.SIDE_RECV if locus == LOCUS_PCIE else flow_state.SIDE_SEND}
-        return SlowLink(rank, locus, peer, held, typical, beats, slowdown, evidence)
+        return SlowLink(rank, locus, peer, held, typical, beats, slowdown, evidence, alone)
     return None

@@ -501,10 +501,18 @@ def _slow_link_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
     if found is None:
         return None
     text = str(found.evidence["text"])
-    reason = f"job slowed x{found.slowdown:.2f} by one rank's {found.locus} (from x{cfg.slow_link_min_slowdown:g})"
-    finding = Finding(job.job_id, SLOWDOWN, f"job slowed down x{found.slowdown:.2f}: {text}",
+    if found.alone:
+        reason = (f"one rank's {found.locus} held {cfg.slow_link_alone_factor:g}x more than any other rank's in "
+                  f"each of {found.beats} sampled heartbeats, the job not x{cfg.slow_link_min_slowdown:g} slower than "
+                  f"a baseline (slow since before one was measured)")
+        summary = f"one rank's link is slower than the rest of its ring: {text}"
+    else:
+        reason = f"job slowed x{found.slowdown:.2f} by one rank's {found.locus} (from x{cfg.slow_link_min_slowdown:g})"
+        summary = f"job slowed down x{found.slowdown:.2f}: {text}"
+    finding = Finding(job.job_id, SLOWDOWN, summary,
                       [RootCause(found.rank, RC_LINK, found.evidence)], {},
-                      {"mode": "link", "locus": found.locus, "job_slowdown": round(found.slowdown, 3)}, WARNING, reason)
+                      {"mode": "link", "locus": found.locus, "job_slowdown": round(found.slowdown, 3),
+                       "no_baseline": found.alone}, WARNING, reason)
     peers = [found.peer] if found.peer >= 0 else []
     finding.draw = lambda: graph_view.slow_view(job, found.rank, peers, job.last_seen)
     return finding

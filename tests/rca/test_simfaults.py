@@ -48,6 +48,21 @@ def test_each_fault_is_named_over_the_real_path(runs: dict[str, dict[str, Any]],
         assert run["fault_rank"] in named or run["fault_partner"] in named, run
 
 
+@pytest.fixture(scope="module")
+def from_start() -> dict[str, dict[str, Any]]:
+    return _simulate("all,none", seconds=20, warmup=0)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_from_the_first_second_is_named(from_start: dict[str, dict[str, Any]], fault: str) -> None:
+    """The fault from the first heartbeat on: no healthy pace to compare with (slow links are named on
+    their flows alone, slow_links.py), no healthy frontier."""
+    run = from_start[fault]
+    assert run["right"], run
+    assert run["heartbeats_lost"] == 0 and run["false_incidents_before_fault"] == 0, run
+    assert run["detected_s"] is not None and 0 <= run["detected_s"] < 12.0, run
+
+
 def test_a_healthy_run_alongside_raises_nothing(runs: dict[str, dict[str, Any]]) -> None:
     run = runs["none"]
     assert run["right"] and run["incidents"] == [], run
@@ -117,3 +132,7 @@ def test_nic_down_flows_follow_the_ring_stall() -> None:
     assert sent[schema.ATTR_HB_FLOW_GPU_READY][0] == sent[schema.ATTR_HB_FLOW_TRANSMITTED][0]  # type: ignore[index]
     assert sent[schema.ATTR_HB_FLOW_GPU_READY][1] > sent[schema.ATTR_HB_FLOW_TRANSMITTED][1]  # type: ignore[index]
     assert all(a[schema.ATTR_HB_FLOW_AGES_S][0] >= 2.9 for a in attrs.values())  # type: ignore[index]
+
+
+def test_a_healthy_run_from_the_first_second_raises_nothing(from_start: dict[str, dict[str, Any]]) -> None:
+    assert from_start["none"]["right"] and from_start["none"]["incidents"] == [], from_start["none"]

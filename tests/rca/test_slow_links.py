@@ -165,3 +165,33 @@ def test_a_costly_slowness_search_is_held_at_most_two_intervals() -> None:
     assert verdict._slowdown_bounded(job, 100.0 + 0.9 * verdict.SLOWNESS_MAX_HOLD, CFG) is held
     assert verdict._slowdown_bounded(job, 100.0 + 1.1 * verdict.SLOWNESS_MAX_HOLD, CFG) is None  # searched again
     assert job.memo["slowdown"][1] is None
+
+
+def test_a_nic_slow_from_the_start_is_named_on_its_flows_alone_on_stricter_evidence() -> None:
+    """No baseline to be slower than (a bad cable before the launch): 6 sampled beats, 2x any other rank."""
+    slow = {2: [(True, 8, 8, 8, 4, 0.03), (False, 6, 6, 4, 4, 0.002)]}
+    found = find_slow_link(_job([slow] * 6), CFG, slowdown=1.0)
+    assert found is not None and (found.rank, found.locus, found.peer, found.alone) == (2, LOCUS_NETWORK, 3, True)
+    assert found.evidence["no_baseline"] is True and "since before" in found.evidence["text"]
+    assert find_slow_link(_job([slow] * 5), CFG, slowdown=1.0) is None  # 3 beats do for a slower job, not here
+    # the ranks at both ends of a network hop of a ring that is network-bound by design hold alike
+    boundary = {1: slow[2], 4: slow[2]}
+    assert find_slow_link(_job([boundary] * 6), CFG, slowdown=1.0) is None
+    assert find_slow_link(_job([boundary] * 3), CFG, slowdown=1.8) is not None  # slower: the worst is named
+    # another rank holds more than half as much: no outlier
+    near = slow | {5: [(True, 7, 7, 7, 4, 0.02), (False, 6, 6, 4, 4, 0.002)]}
+    assert find_slow_link(_job([near] * 6), CFG, slowdown=1.0) is None
+
+
+def test_the_search_on_flows_alone_is_paced() -> None:
+    slow = {2: [(True, 8, 8, 8, 4, 0.03), (False, 6, 6, 4, 4, 0.002)]}
+    job = _job([slow] * 6)
+    job.hb_interval, job.last_seen = 1.0, 100.0
+    assert find_slow_link(job, CFG, slowdown=1.0) is not None
+    for r in range(N):  # the backlog is gone ...
+        job.ranks[r].flow_history.clear()
+    job.last_seen = 102.0
+    assert find_slow_link(job, CFG, slowdown=1.0) is not None  # ... but the last answer stands 3 intervals
+    job.last_seen = 103.0
+    assert find_slow_link(job, CFG, slowdown=1.0) is None
+    assert find_slow_link(_job([slow] * 3), CFG, slowdown=1.8) is not None  # the slower-job search is not paced

@@ -182,11 +182,12 @@ def ring_steps(n: int) -> int:
 def ring_flows(p: FaultPlan, members: tuple[int, ...], rank: int, stalled_s: float, tick: int) -> list[Flow]:
     """The flows of `rank`'s in-flight all-reduce on the ring `members` under fault `p`.
 
-    Stalled ring (nic_down at f, both directions dead): f's send and f-1's send to f are
-    posted to the network and never complete (G = T = D + 2: not delivered); every other flow
-    stops where the stall reaches it (the ring forwards what it receives: rank f+j can
-    send j steps more than f did), its receive buffers posted ahead (G > T), the same
-    fixpoint as native/emulate.py's stop_points. Moving ring (the slow faults): a snapshot
+    Stalled ring (nic_down at f, both directions dead): f's send and f-1's send to f stop
+    where the ring stood (step k) with what was posted to the network never completing
+    (G = T = D + 2: not delivered); every other flow stops where the stall reaches it (the
+    ring forwards what it receives: rank f+j can send j steps more than f did), its receive
+    buffers posted ahead (G > T), the fixpoint of native/emulate.py's stop_points with the
+    link into f cut too. Moving ring (the slow faults): a snapshot
     of flows that advance; the fault's own flows show where the time goes.
     """
     n = len(members)
@@ -197,9 +198,10 @@ def ring_flows(p: FaultPlan, members: tuple[int, ...], rank: int, stalled_s: flo
     out: list[Flow] = []
     if p.kind == "nic_down" and f >= 0:
         j = (i - f) % n  # distance downstream of f
-        k = p.step
-        send_d = min(steps, k + j)
-        recv_d = min(steps, k + j - 1) if j else min(steps, k + n - 1)
+        k = min(p.step, steps - 2)  # where the ring stood when the NIC died (a small ring's loop is short)
+        # the two links through f's NIC stop there; downstream ranks forward what they got
+        send_d = k if j in (0, n - 1) else min(steps, k + j)
+        recv_d = k if j == 0 else min(steps, k + j - 1)
         age = round(stalled_s, 3)
         for ch in range(CHANNELS):
             if j == 0 or j == n - 1:  # a link through f's dead NIC: what was posted never completes

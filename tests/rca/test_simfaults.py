@@ -136,3 +136,19 @@ def test_nic_down_flows_follow_the_ring_stall() -> None:
 
 def test_a_healthy_run_from_the_first_second_raises_nothing(from_start: dict[str, dict[str, Any]]) -> None:
     assert from_start["none"]["right"] and from_start["none"]["incidents"] == [], from_start["none"]
+
+
+@pytest.mark.parametrize("dp", [3, 4, 5, 32])
+def test_a_dead_nic_cuts_both_its_links_in_small_rings_too(dp: int) -> None:
+    """Both links through the NIC stay in flight whatever step the ring stood at (a ring of 4's loop
+    is 6 steps: the link into f used to read complete), so the flows name f, not a neighbour."""
+    from mycroft.rca_service import flow_state
+    for seed in range(12):
+        p = plan("nic_down", 8 * dp, 8, seed=seed)
+        job = BigJob("j", Layout(8 * dp, tp=8), ops_per_s=10, fault=p, fault_at=1000.0)
+        job.tick(999.0)
+        job.tick(1001.0)
+        ring = job.layout.dp_ranks(p.rank)
+        attrs = {r: job.record(r, 1002.0).attributes for r in ring}
+        summary = flow_state.summarize(flow_state.classify_flows(attrs))
+        assert summary["rank"] == p.rank, (seed, p.step, summary["text"])

@@ -191,6 +191,28 @@ def _op_members(job: JobState, node: wfg.Node) -> list[int]:
     return [node[2], node[3]]
 
 
+def _crossed(job: JobState, wf: wfg.WaitForGraph, cycle: list[wfg.Node],
+             ranks: list[int]) -> dict[int, tuple[str, int]]:
+    """The ranks of a deadlock cycle that wait in the op fewest of its ranks wait in, when the rest
+    share one other op: they took their ops in another order than their peers (the rank that went
+    to the world collective before its TP one), {rank: (its op, how many wait in the others')}.
+    Empty when the cycle's ops are waited in alike (two ranks that both send first)."""
+    members = set(cycle)
+    waiters: dict[wfg.Node, list[int]] = {}
+    for r in ranks:
+        for op in wf.graph.successors(wfg.rank_node(r)):
+            if op in members and op[0] != "r":
+                waiters.setdefault(op, []).append(r)
+    if len(waiters) < 2:
+        return {}
+    fewest = min(waiters.values(), key=len)
+    most = max(len(w) for w in waiters.values())
+    if len(fewest) >= most:
+        return {}
+    op = next(node for node, w in waiters.items() if w is fewest)
+    return {r: (wfg.describe(op, job), len(ranks) - len(fewest)) for r in fewest}
+
+
 def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, threshold: float,
                   now: float, cfg: AnalysisConfig) -> Finding | None:
     hung, oldest = sweep.waiting, sweep.oldest
@@ -211,10 +233,15 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
                        f"{op.op} group {_group_name(job, op.group_id)} seq {op.seq}"
                        for op in job.ranks[r].inflight] for r in ranks if r in job.ranks}
             cyc = " -> ".join(wfg.describe(n, job) for n in sink.nodes)
-            for r in ranks:
+            crossed = _crossed(job, wf, sink.nodes, ranks)
+            for r in sorted(ranks, key=lambda r: (r not in crossed, r)):
+                text = f"rank {r} is in a wait-for cycle ({cyc}); each member waits on the next"
+                if r in crossed:
+                    text = (f"rank {r} waits in {crossed[r][0]} while {crossed[r][1]} other rank(s) of the cycle wait "
+                            f"in an op it has not issued: it took its ops in another order; " + text)
                 causes.append(RootCause(r, RC_DEADLOCK, {
-                    "text": f"rank {r} is in a wait-for cycle ({cyc}); each member waits on the next",
-                    "cycle": ranks, "in_flight": ops.get(r, []), "blocked_ranks": sink.blast}))
+                    "text": text, "cycle": ranks, "in_flight": ops.get(r, []), "blocked_ranks": sink.blast,
+                    "crossed_order": r in crossed}))
             continue
         node = sink.nodes[0]
         if node[0] == "r":

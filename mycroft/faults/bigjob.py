@@ -41,6 +41,7 @@ from mycroft.otlp import AttrValue, SpanRecord, _kvs, _span_to_proto
 from .simfaults import (
     COMPUTE,
     CROSSED,
+    DP_MISMATCHED,
     DP_WAITER,
     FLOW_ROLES,
     GPU_SLOW,
@@ -235,8 +236,12 @@ class BigJob:
         if p.kind in ("crash", "freeze"):
             return {f: SILENT, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
         if p.kind == "mismatch":
+            if lay.tp < 2:  # no TP group: the DP all-reduce is where f's signature differs
+                return {f: DP_MISMATCHED, **{r: DP_WAITER for r in ring if r != f}}, WORLD_WAITER
             return {f: MISMATCHED, **{r: TP_WAITER for r in tp_peers}}, WORLD_WAITER
         if p.kind == "deadlock":
+            if lay.tp < 2:  # the partner crossed into the world collective before its DP all-reduce
+                return {**{r: DP_WAITER for r in ring}, p.partner: CROSSED}, WORLD_WAITER
             return {**{r: TP_WAITER for r in lay.tp_ranks(f)}, p.partner: CROSSED}, WORLD_WAITER
         if p.kind == "nic_down":
             return {r: RING_STUCK for r in ring}, WORLD_WAITER
@@ -291,7 +296,7 @@ class BigJob:
                           self._op_start(rank, kind, now))
             info.issued = op.seq
             op.bytes, op.dtype = 1 << 20, "float32"
-            if kind == MISMATCHED:
+            if kind in (MISMATCHED, DP_MISMATCHED):
                 if self.fault.mismatch_field == "dtype":
                     op.dtype = "float64"
                 else:

@@ -42,7 +42,8 @@ DP_WAITER = "dp_waiter"  # in its DP all-reduce, waiting for a member that has n
 WORLD_WAITER = "world_waiter"  # in the next world all-reduce
 SILENT = "silent"  # sends nothing (crashed / frozen)
 MISMATCHED = "mismatched"  # in its TP collective with another dtype / size than its peers
-CROSSED = "crossed"  # deadlock: went to the world all-reduce before its TP collective
+DP_MISMATCHED = "dp_mismatched"  # the same in its DP all-reduce (no TP group: --tp 1)
+CROSSED = "crossed"  # deadlock: went to the world all-reduce before its TP (--tp 1: DP) collective
 RING_STUCK = "ring_stuck"  # in a DP all-reduce whose data does not move (nic_down)
 RING = "ring"  # in a DP all-reduce that moves slowly (network faults); flows in flight
 SLOW = "slow"  # the rank whose GPU is slower (its compute grows)
@@ -51,12 +52,12 @@ SLOW_RING = "slow_ring"  # the same, seen in its DP all-reduce (NCCL GPU faults:
 #: role -> index of the group its in-flight op is in (0 TP, 1 DP, 2 world; None: nothing in flight)
 INFLIGHT_GROUP: dict[str, int | None] = {
     HEALTHY: 0, HOLDER: None, TP_WAITER: 0, DP_WAITER: 1, WORLD_WAITER: 2, SILENT: None, MISMATCHED: 0,
-    CROSSED: 2, RING_STUCK: 1, RING: 1, SLOW: 0, SLOW_RING: 1,
+    CROSSED: 2, RING_STUCK: 1, RING: 1, SLOW: 0, SLOW_RING: 1, DP_MISMATCHED: 1,
 }
 #: roles whose heartbeats carry the native flows of their in-flight DP all-reduce
 FLOW_ROLES = frozenset({RING_STUCK, RING, SLOW_RING})
 #: roles whose op is stalled since the onset (its age grows with the hang)
-STALLED = frozenset({TP_WAITER, DP_WAITER, WORLD_WAITER, MISMATCHED, CROSSED, RING_STUCK})
+STALLED = frozenset({TP_WAITER, DP_WAITER, WORLD_WAITER, MISMATCHED, DP_MISMATCHED, CROSSED, RING_STUCK})
 
 # healthy step: 60% compute, 40% communication (25% TP, 15% the DP all-reduce), in intervals
 COMPUTE = 0.6
@@ -101,13 +102,16 @@ class FaultPlan:
                 "seed": self.seed}
 
 
-def plan(kind: str, world: int, tp: int, seed: int, rank: int = -1) -> FaultPlan:
-    """A fault of `kind` with its rank and magnitude drawn from `seed` (rank given: kept)."""
+def plan(kind: str, world: int, tp: int, seed: int, rank: int = -1, pp: int = 1) -> FaultPlan:
+    """A fault of `kind` with its rank and magnitude drawn from `seed` (rank given: kept).
+
+    The deadlock's partner is f's TP neighbour; with no TP group (tp 1) its DP neighbour."""
     if kind not in FAULTS and kind != "none":
         raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
     rng = random.Random(seed)
     f = rank if rank >= 0 else rng.randrange(world)
-    partner = f - f % tp + (f % tp + 1) % tp if tp >= 2 else -1
+    stride = tp * pp
+    partner = f - f % tp + (f % tp + 1) % tp if tp >= 2 else (f + stride) % world if world > stride else -1
     factor, variation = 1.0, 0.0
     if kind == "straggler":
         factor = rng.uniform(2.0, 3.0)  # +60..120% of a step's compute
@@ -145,9 +149,8 @@ def score(fault: str, rank: int, partner: int, kind: str | None, causes: list[tu
     kinds, rc_kinds = EXPECTED[fault]
     if kind not in kinds:
         return False
-    if fault == "deadlock":  # a cycle: both ranks of the crossed order must be in it
-        named = {r for k, r in causes if k in rc_kinds}
-        return {rank, partner} <= named
+    if fault == "deadlock":  # a cycle, led by the rank that took the crossed order (rank only picks its group)
+        return causes[0] == ("deadlock", partner) and all(k in rc_kinds for k, _ in causes)
     first_kind, first_rank = causes[0]
     return first_kind in rc_kinds and first_rank == rank
 

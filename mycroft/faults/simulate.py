@@ -240,9 +240,9 @@ def _plans(args: argparse.Namespace) -> list[dict[str, Any]]:
         for _ in range(args.runs):
             i = seen[kind] = seen.get(kind, -1) + 1  # a kind listed twice gets its own job and seed
             seed = args.seed + 7919 * i + sum(map(ord, kind))
-            fp = plan(kind, args.ranks, args.tp, seed, args.fault_rank)
+            fp = plan(kind, args.ranks, args.tp, seed, args.fault_rank, args.pp)
             if kind == "none":
-                fp = plan("block", args.ranks, args.tp, seed, args.fault_rank)
+                fp = plan("block", args.ranks, args.tp, seed, args.fault_rank, args.pp)
             delay = random.Random(seed).uniform(0.0, args.onset_spread) * args.interval
             runs.append({"job": f"sim-{kind}-{args.ranks}-{i}-{stamp}", "kind": kind, "seed": seed,
                          "plan": {**fp.as_dict(), "kind": kind}, "delay": delay})

@@ -189,7 +189,31 @@ def test_p2p_cycle_is_a_deadlock() -> None:
     finding = analyze_job(jobs["job"], t + 0.1, CFG)[0]
     assert finding.kind == "deadlock"
     assert {rc.rank for rc in finding.root_causes} == {0, 1}
+    assert not any(rc.evidence["crossed_order"] for rc in finding.root_causes)  # both sent first: alike
     assert finding.graph["cycles"]
+
+
+def test_a_deadlock_names_the_rank_that_took_the_crossed_order_first() -> None:
+    """Rank 2 went to the world all-reduce before its TP one: its TP peers wait for it there,
+    it waits for them in world. The cycle holds 0-3; 2 is its one rank in another op."""
+    jobs: dict[str, JobState] = {}
+    tp, world = Group("tp", (0, 1, 2, 3)), Group("w", tuple(range(8)))
+    t = 50.0
+    hb = []
+    for r in range(8):
+        if r in (0, 1, 3):
+            hb.append(heartbeat("job", r, 8, t, 1, [tp, world], [11, 4], [10, 4], [InFlightOp(tp, 11, age_s=4)]))
+        elif r == 2:
+            hb.append(heartbeat("job", r, 8, t, 1, [tp, world], [10, 5], [10, 4], [InFlightOp(world, 5, age_s=4)]))
+        else:
+            hb.append(heartbeat("job", r, 8, t, 1, [world], [5], [4], [InFlightOp(world, 5, age_s=4)]))
+    apply_records(jobs, hb, t, CFG)
+    finding = analyze_job(jobs["job"], t + 0.1, CFG)[0]
+    assert finding.kind == "deadlock"
+    assert [rc.rank for rc in finding.root_causes] == [2, 0, 1, 3]
+    top = finding.root_causes[0]
+    assert top.evidence["crossed_order"] is True and "another order" in top.evidence["text"]
+    assert not any(rc.evidence["crossed_order"] for rc in finding.root_causes[1:])
 
 
 def test_everyone_issued_but_nothing_moves_is_a_link_problem() -> None:

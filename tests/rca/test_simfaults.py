@@ -113,7 +113,8 @@ def test_score_reads_the_verdict_the_fault_implies() -> None:
     assert score("block", 5, -1, "hang", [("not_entered", 5)])
     assert not score("block", 5, -1, "hang", [("not_entered", 6)])
     assert not score("block", 5, -1, "crash", [("not_entered", 5)])
-    assert score("deadlock", 5, 6, "deadlock", [("deadlock", 4), ("deadlock", 5), ("deadlock", 6)])
+    assert score("deadlock", 5, 6, "deadlock", [("deadlock", 6), ("deadlock", 4), ("deadlock", 5)])
+    assert not score("deadlock", 5, 6, "deadlock", [("deadlock", 4), ("deadlock", 5), ("deadlock", 6)])  # crossed first
     assert not score("deadlock", 5, 6, "deadlock", [("deadlock", 4), ("deadlock", 5)])
     assert score("nic_down", 9, -1, "hang", [("link", 9)]) and not score("nic_down", 9, -1, "hang", [("link", 10)])
     assert score("none", -1, -1, None, []) and not score("none", -1, -1, "hang", [("link", 1)])
@@ -152,3 +153,30 @@ def test_a_dead_nic_cuts_both_its_links_in_small_rings_too(dp: int) -> None:
         attrs = {r: job.record(r, 1002.0).attributes for r in ring}
         summary = flow_state.summarize(flow_state.classify_flows(attrs))
         assert summary["rank"] == p.rank, (seed, p.step, summary["text"])
+
+
+@pytest.mark.parametrize("fault", ["mismatch", "deadlock"])
+@pytest.mark.parametrize("pp", [1, 4])
+def test_tp_faults_without_a_tp_group_play_in_the_dp_ring(fault: str, pp: int) -> None:
+    """--tp 1 (pure data parallel): the mismatch is in f's DP all-reduce, the deadlock's partner is
+    f's DP neighbour; the RCA's verdict (in process, the real decoder and engine) scores right."""
+    from mycroft.rca_service.engine import Engine
+    from mycroft.rca_service.verdict import analyze_job
+
+    from mycroft.otlp import DecodeCache
+    for seed in (1, 2, 3):
+        p = plan(fault, 64, 1, seed=seed, pp=pp)
+        assert p.partner != p.rank
+        job = BigJob("j", Layout(64, tp=1, pp=pp), ops_per_s=10, fault=p, fault_at=1005.5)
+        engine, cache = Engine(), DecodeCache()
+        verdict = None
+        for k in range(10):
+            now = 1000.0 + k
+            job.tick(now)
+            engine.ingest(decode_protobuf(job.heartbeat_bytes(list(range(64)), now), cache), now + 0.01)
+            findings = analyze_job(engine.jobs["j"], now + 0.5, engine.cfg)
+            if findings and verdict is None:
+                verdict = findings[0]
+        assert verdict is not None, (fault, pp, seed)
+        causes = [(rc.kind, rc.rank) for rc in verdict.root_causes]
+        assert score(fault, p.rank, p.partner, verdict.kind, causes), (seed, p, verdict.kind, causes[:4])

@@ -205,11 +205,9 @@ def _crossed(job: JobState, wf: wfg.WaitForGraph, cycle: list[wfg.Node],
                 waiters.setdefault(op, []).append(r)
     if len(waiters) < 2:
         return {}
-    fewest = min(waiters.values(), key=len)
-    most = max(len(w) for w in waiters.values())
-    if len(fewest) >= most:
+    op, fewest = min(waiters.items(), key=lambda item: len(item[1]))
+    if len(fewest) >= max(len(w) for w in waiters.values()):
         return {}
-    op = next(node for node, w in waiters.items() if w is fewest)
     return {r: (wfg.describe(op, job), len(ranks) - len(fewest)) for r in fewest}
 
 

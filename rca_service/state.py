@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from mycroft import schema
@@ -18,6 +19,12 @@ from mycroft.otlp import SpanRecord
 from . import admission
 from .config import AnalysisConfig
 from .pauses import LearnedPause
+
+_fold_fast: ModuleType | None
+try:  # the compiled heartbeat fold (built by `pip install`, optional): see _apply_heartbeat
+    from . import _fold_fast
+except ImportError:  # pragma: no cover - a platform without a C compiler
+    _fold_fast = None
 
 WORK_SAMPLES = 40  # heartbeats of compute/wait history per rank (slowness.py)
 FLOW_HISTORY = 8  # heartbeats with flows per rank (slow_links.py)
@@ -268,6 +275,22 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
 
 def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
                      cfg: AnalysisConfig) -> None:
+    """Fold one heartbeat. The compiled fold (_fold_fast.c) takes the common one -- a running
+    rank's, its group table the one it sent last, every value of its usual type -- and answers 0,
+    having changed nothing, for any other; then this function is the definition."""
+    a = record.attributes
+    if _fold_fast is not None:
+        folded = _fold_fast.fold(job, rank, a, received_at, record.end_ns, cfg.max_stack_chars,
+                                 cfg.max_seqs_per_group)
+        if folded:
+            if folded == 2:
+                _fold_digests(job, rank, a, _list(a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)))
+            return
+    _apply_heartbeat_python(job, rank, record, received_at, cfg)
+
+
+def _apply_heartbeat_python(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
+                            cfg: AnalysisConfig) -> None:
     # the values' common types are tested first (`.__class__ is`): the conversions are the rare path
     a = record.attributes
     get = a.get
@@ -601,3 +624,14 @@ def expire_jobs(jobs: dict[str, JobState], now: float, cfg: AnalysisConfig) -> l
     for job_id in gone:
         del jobs[job_id]
     return gone
+
+
+#: the heartbeat keys the compiled fold reads, in its order (_fold_fast.c, enum K_*)
+COMPILED_FOLD_KEYS = (
+    schema.ATTR_HB_COUNTER, schema.ATTR_HB_INTERVAL_S, schema.ATTR_HB_FINAL, schema.ATTR_HB_IDLE_S,
+    schema.ATTR_HB_STACK, schema.ATTR_HB_COMM_S, schema.ATTR_HB_OPS_DONE, schema.ATTR_HB_STEP,
+    schema.ATTR_HB_DROPPED, schema.ATTR_HB_GROUP_ISSUED, schema.ATTR_HB_GROUP_COMPLETED, schema.ATTR_HB_GROUP_IDS,
+    schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_INFLIGHT_GROUP_IDS,
+    *_INFLIGHT_ARRAYS, schema.ATTR_HB_DIGEST_GROUP_IDS)
+if _fold_fast is not None:
+    _fold_fast.configure(COMPILED_FOLD_KEYS, tuple(sorted(FLOW_KEYS)), schema.OP_SEND, InFlight, SeqRecord)

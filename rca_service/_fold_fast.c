@@ -28,6 +28,7 @@ enum {
 static PyObject *keys[N_KEYS];
 static PyObject *flow_keys;   /* tuple of str */
 static PyObject *op_send;     /* str */
+static PyObject *run_keys[9]; /* span kind key, the heartbeat kind, rank key, job id key, admission.HEARTBEAT_CHECKED */
 static PyObject *inflight_type;
 static PyObject *seq_record_type;
 static Py_ssize_t inflight_slots[7]; /* InFlight's slot offsets in field order; [0] == 0: call the type */
@@ -38,13 +39,14 @@ enum {
     A_HEARTBEATS, A_HB_COUNTER, A_LAST_HB_AT, A_HB_INTERVAL, A_FINAL, A_IDLE_S, A_IDLE_OBSERVED_AT, A_STACK,
     A_WORK, A_STEP, A_DROPPED, A_ISSUED, A_COMPLETED, A_LAST_PROGRESS_AT, A_COMPLETIONS, A_INFLIGHT, A_HB_TABLE,
     A_HB_ADMITTED, A_RANK, A_GROUPS, A_P2P_ISSUED, A_P2P_COMPLETED, A_SEQS, A_SIGS, A_VERSION, A_FLOWS,
-    A_FLOW_HISTORY, A_APPEND, N_ATTRS
+    A_FLOW_HISTORY, A_APPEND, A_ATTRIBUTES, A_RESOURCE, A_END_NS, A_RANKS, A_LAST_SEEN, A_WORLD_SIZE, A_HB_CHECKED,
+    N_ATTRS
 };
 static const char *const ATTR_NAMES[N_ATTRS] = {
     "heartbeats", "hb_counter", "last_hb_at", "hb_interval", "final", "idle_s", "idle_observed_at", "stack",
     "work", "step", "dropped", "issued", "completed", "last_progress_at", "completions", "inflight", "hb_table",
     "hb_admitted", "rank", "groups", "p2p_issued", "p2p_completed", "seqs", "sigs", "version", "flows",
-    "flow_history", "append",
+    "flow_history", "append", "attributes", "resource", "end_ns", "ranks", "last_seen", "world_size", "hb_checked",
 };
 static PyObject *names[N_ATTRS];
 static PyObject *zero, *one, *minus_one, *empty_str;
@@ -488,24 +490,18 @@ fail:
     return -1;
 }
 
-static PyObject *fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "fold(job, rank, attributes, received_at, end_ns, max_stack_chars, max_seqs)");
-        return NULL;
-    }
-    PyObject *job = args[0], *rank = args[1], *attrs = args[2], *received_obj = args[3], *end_ns = args[4];
-    if (!configured || !PyDict_CheckExact(attrs) || !PyFloat_CheckExact(received_obj) || !PyLong_CheckExact(end_ns))
-        return PyLong_FromLong(0);
-    Py_ssize_t max_stack = PyLong_AsSsize_t(args[5]), max_seqs = PyLong_AsSsize_t(args[6]);
-    if ((max_stack == -1 || max_seqs == -1) && PyErr_Occurred()) return NULL;
-    if (max_stack < 0 || max_seqs < 0) return PyLong_FromLong(0); /* odd bounds: the Python fold's slicing */
+/* one heartbeat: -1 error, 0 not folded (nothing changed), 1 folded, 2 folded but for its digests */
+static int fold_one(PyObject *job, PyObject *rank, PyObject *attrs, PyObject *received_obj, PyObject *end_ns,
+                    Py_ssize_t max_stack, Py_ssize_t max_seqs) {
+    if (!configured || !PyDict_CheckExact(attrs) || !PyFloat_CheckExact(received_obj) || !PyLong_CheckExact(end_ns) ||
+        max_stack < 0 || max_seqs < 0) /* odd bounds: the Python fold's slicing */
+        return 0;
     double received_at = PyFloat_AS_DOUBLE(received_obj);
 
     /* an older heartbeat delivered late: the newer snapshot stands */
     PyObject *counter = get(attrs, K_COUNTER);
-    if (counter == NULL && PyErr_Occurred()) return NULL;
-    if (counter != NULL && !PyLong_CheckExact(counter)) return PyLong_FromLong(0);
+    if (counter == NULL && PyErr_Occurred()) return -1;
+    if (counter != NULL && !PyLong_CheckExact(counter)) return 0;
     if (counter == NULL) counter = minus_one;
     {
         PyObject *last_counter = PyObject_GetAttr(rank, names[A_HB_COUNTER]);
@@ -523,16 +519,16 @@ static PyObject *fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         }
         Py_XDECREF(last_counter);
         Py_XDECREF(last_at);
-        if (older < 0) return NULL;
-        if (older) return PyLong_FromLong(1);
+        if (older) return older < 0 ? -1 : 1;
     }
 
     Checked c;
     int ok = check(rank, attrs, received_at, &c);
-    if (ok <= 0) return ok < 0 ? NULL : PyLong_FromLong(0);
+    if (ok <= 0) return ok;
 
     /* from here on the state changes: as the Python fold, in its order */
-    PyObject *interval = NULL, *stack = NULL, *inflight = NULL, *result = NULL;
+    PyObject *interval = NULL, *stack = NULL, *inflight = NULL;
+    int result = -1;
     if (increment(job, A_HEARTBEATS) < 0 || set_attr(rank, A_HB_COUNTER, counter) < 0) goto out;
     {
         PyObject *last_at = PyObject_GetAttr(rank, names[A_LAST_HB_AT]);
@@ -569,13 +565,139 @@ static PyObject *fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     inflight = c.inflight.gids ? fold_inflight(job, rank, &c.inflight, received_obj, max_seqs) : PyList_New(0);
     if (inflight == NULL || set_attr(rank, A_INFLIGHT, inflight) < 0) goto out;
     if (fold_flows(rank, attrs) < 0) goto out;
-    result = PyLong_FromLong(c.has_digests ? 2 : 1);
+    result = c.has_digests ? 2 : 1;
 out:
     Py_XDECREF(c.admitted);
     Py_XDECREF(interval);
     Py_XDECREF(stack);
     Py_XDECREF(inflight);
     return result;
+}
+
+
+static PyObject *fold(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "fold(job, rank, attributes, received_at, end_ns, max_stack_chars, max_seqs)");
+        return NULL;
+    }
+    Py_ssize_t max_stack = PyLong_AsSsize_t(args[5]), max_seqs = PyLong_AsSsize_t(args[6]);
+    if ((max_stack == -1 || max_seqs == -1) && PyErr_Occurred()) return NULL;
+    int r = fold_one(args[0], args[1], args[2], args[3], args[4], max_stack, max_seqs);
+    return r < 0 ? NULL : PyLong_FromLong(r);
+}
+
+
+/* Does `record` continue the run: a heartbeat of the same job (`facts`: its resource's, as
+ * admission.resource_facts remembers them) from a process already in it, whose admission reads
+ * the very values admitted last time (apply_records' shortcut)? Its rank's state, or NULL. */
+static PyObject *continues(PyObject *attrs, PyObject *resource, PyObject *ranks, PyObject *facts,
+                           PyObject *facts_memo) {
+    if (!PyDict_CheckExact(attrs)) return NULL;
+    PyObject *kind = PyDict_GetItemWithError(attrs, run_keys[0]);
+    if (kind == NULL || (kind != run_keys[1] && (!PyUnicode_CheckExact(kind) || PyUnicode_Compare(kind, run_keys[1]))))
+        return NULL;
+    if (PyDict_GetItemWithError(attrs, run_keys[3]) != NULL) return NULL; /* a job id of its own */
+    PyObject *rank_id = PyDict_GetItemWithError(attrs, run_keys[2]);
+    int overflow = 0;
+    if (rank_id == NULL || !PyLong_CheckExact(rank_id) || PyLong_AsLongAndOverflow(rank_id, &overflow) < 0 || overflow)
+        return NULL;
+    PyObject *id = PyLong_FromVoidPtr(resource);
+    PyObject *known = id ? PyDict_GetItemWithError(facts_memo, id) : NULL;
+    Py_XDECREF(id);
+    if (known == NULL || !PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 2 ||
+        PyTuple_GET_ITEM(known, 0) != resource || PyTuple_GET_ITEM(known, 1) != facts)
+        return NULL;
+    PyObject *prior = PyDict_GetItemWithError(ranks, rank_id);
+    if (prior == NULL) return NULL;
+    PyObject *prior_resource = PyObject_GetAttr(prior, names[A_RESOURCE]);
+    Py_XDECREF(prior_resource);
+    if (prior_resource != resource) return NULL;
+    PyObject *checked = PyObject_GetAttr(prior, names[A_HB_CHECKED]);
+    int same = checked != NULL && PyTuple_CheckExact(checked) && PyTuple_GET_SIZE(checked) == 5;
+    for (int j = 0; same && j < 5; j++) {
+        PyObject *value = PyDict_GetItemWithError(attrs, run_keys[4 + j]);
+        same = PyTuple_GET_ITEM(checked, j) == (value ? value : Py_None);
+    }
+    Py_XDECREF(checked);
+    return same ? prior : NULL;
+}
+
+/* if (value > obj.name) obj.name = value */
+static int raise_to(PyObject *obj, int name, PyObject *value) {
+    PyObject *current = PyObject_GetAttr(obj, names[name]);
+    if (current == NULL) return -1;
+    int gt = PyObject_RichCompareBool(value, current, Py_GT);
+    Py_DECREF(current);
+    return gt < 0 ? -1 : gt ? set_attr(obj, name, value) : 0;
+}
+
+static PyObject *fold_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "fold_run(records, job, facts, facts_memo, received_at, max_stack_chars, "
+                                         "max_seqs, python_fold, fold_digests, cfg)");
+        return NULL;
+    }
+    PyObject *it = args[0], *job = args[1], *facts = args[2], *facts_memo = args[3], *received_obj = args[4];
+    PyObject *python_fold = args[7], *fold_digests = args[8], *cfg = args[9];
+    Py_ssize_t max_stack = PyLong_AsSsize_t(args[5]), max_seqs = PyLong_AsSsize_t(args[6]);
+    if ((max_stack == -1 || max_seqs == -1) && PyErr_Occurred()) return NULL;
+    if (!configured || !PyIter_Check(it) || !PyDict_Check(facts_memo) || !PyTuple_CheckExact(facts) ||
+        PyTuple_GET_SIZE(facts) != 3) {
+        PyErr_SetString(PyExc_TypeError, "fold_run: not configured, or not an iterator, a dict and a facts tuple");
+        return NULL;
+    }
+    PyObject *ranks = PyObject_GetAttr(job, names[A_RANKS]);
+    if (ranks == NULL) return NULL;
+    if (!PyDict_Check(ranks)) {
+        Py_DECREF(ranks);
+        PyErr_SetString(PyExc_TypeError, "JobState.ranks is not a dict");
+        return NULL;
+    }
+    PyObject *world = PyTuple_GET_ITEM(facts, 2), *record;
+    Py_ssize_t count = 0;
+    while ((record = PyIter_Next(it)) != NULL) {
+        PyObject *attrs = PyObject_GetAttr(record, names[A_ATTRIBUTES]);
+        PyObject *resource = attrs ? PyObject_GetAttr(record, names[A_RESOURCE]) : NULL;
+        PyObject *end_ns = resource ? PyObject_GetAttr(record, names[A_END_NS]) : NULL;
+        PyObject *rank = end_ns ? continues(attrs, resource, ranks, facts, facts_memo) : NULL;
+        if (rank == NULL) {
+            Py_XDECREF(attrs);
+            Py_XDECREF(resource);
+            Py_XDECREF(end_ns);
+            if (PyErr_Occurred()) {
+                Py_DECREF(record);
+                break;
+            }
+            Py_DECREF(ranks);
+            return Py_BuildValue("(nN)", count, record); /* the caller's to fold */
+        }
+        Py_INCREF(rank);
+        int r = raise_to(job, A_LAST_SEEN, received_obj);
+        if (r == 0) r = raise_to(job, A_WORLD_SIZE, world);
+        if (r == 0) r = raise_to(rank, A_LAST_SEEN, received_obj);
+        if (r == 0) r = fold_one(job, rank, attrs, received_obj, end_ns, max_stack, max_seqs);
+        PyObject *res = NULL;
+        if (r == 0) {
+            res = PyObject_CallFunctionObjArgs(python_fold, job, rank, record, received_obj, cfg, NULL);
+        } else if (r == 2) {
+            res = PyObject_CallFunctionObjArgs(fold_digests, job, rank, attrs, NULL);
+        } else if (r == 1) {
+            res = Py_NewRef(Py_None);
+        }
+        Py_XDECREF(res);
+        Py_DECREF(rank);
+        Py_DECREF(attrs);
+        Py_DECREF(resource);
+        Py_DECREF(end_ns);
+        Py_DECREF(record);
+        if (res == NULL) break;
+        count++;
+    }
+    Py_DECREF(ranks);
+    if (PyErr_Occurred()) return NULL;
+    return Py_BuildValue("(nO)", count, Py_None);
 }
 
 /* InFlight's fields as object slots of a plain dataclass (else it is called) */
@@ -603,10 +725,13 @@ static void inflight_layout(void) {
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *key_tuple, *flows, *send, *inflight, *seq_record;
-    if (!PyArg_ParseTuple(args, "O!O!UOO", &PyTuple_Type, &key_tuple, &PyTuple_Type, &flows, &send, &inflight,
-                          &seq_record))
+    PyObject *key_tuple, *flows, *send, *inflight, *seq_record, *run;
+    if (!PyArg_ParseTuple(args, "O!O!UOOO!", &PyTuple_Type, &key_tuple, &PyTuple_Type, &flows, &send, &inflight,
+                          &seq_record, &PyTuple_Type, &run))
         return NULL;
+    if (PyTuple_GET_SIZE(run) != 9) return PyErr_Format(PyExc_ValueError, "configure() wants 9 run keys");
+    for (Py_ssize_t i = 0; i < 9; i++)
+        if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(run, i))) return PyErr_Format(PyExc_TypeError, "run key %zd", i);
     if (PyTuple_GET_SIZE(key_tuple) != N_KEYS || !PyType_Check(inflight) || !PyCallable_Check(seq_record)) {
         PyErr_Format(PyExc_ValueError, "configure() wants %d keys, the InFlight type and the SeqRecord type", N_KEYS);
         return NULL;
@@ -618,6 +743,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     for (int i = 0; i < N_KEYS; i++) {
         Py_XSETREF(keys[i], Py_NewRef(PyTuple_GET_ITEM(key_tuple, i)));
     }
+    for (int i = 0; i < 9; i++) Py_XSETREF(run_keys[i], Py_NewRef(PyTuple_GET_ITEM(run, i)));
     Py_XSETREF(flow_keys, Py_NewRef(flows));
     Py_XSETREF(op_send, Py_NewRef(send));
     Py_XSETREF(inflight_type, Py_NewRef(inflight));
@@ -630,8 +756,11 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"fold", (PyCFunction)(void (*)(void))fold, METH_FASTCALL,
      "fold(job, rank, attributes, received_at, end_ns, max_stack_chars, max_seqs_per_group) -> 0 | 1 | 2"},
+    {"fold_run", (PyCFunction)(void (*)(void))fold_run, METH_FASTCALL,
+     "fold_run(records, job, facts, facts_memo, received_at, max_stack_chars, max_seqs, python_fold, fold_digests, "
+     "cfg) -> (heartbeats folded, the first record it left or None)"},
     {"configure", configure, METH_VARARGS,
-     "configure(keys, flow_keys, op_send, InFlight, SeqRecord): the schema's keys in the fold's order"},
+     "configure(keys, flow_keys, op_send, InFlight, SeqRecord, run_keys): the schema's keys in the fold's order"},
     {NULL, NULL, 0, NULL},
 };
 

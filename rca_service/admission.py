@@ -53,7 +53,7 @@ def world_of(record: SpanRecord) -> int:
 Facts = tuple[str, str, int]  # (job id, run id, world size)
 
 #: id(resource) -> (the resource, its facts)
-_RESOURCE_FACTS: dict[int, tuple[dict[str, Any], Facts]] = {}
+RESOURCE_FACTS: dict[int, tuple[dict[str, Any], Facts]] = {}
 #: one tuple per distinct facts: every process of a job shares it, so its identity keys a memo
 _INTERNED_FACTS: dict[Facts, Facts] = {}
 
@@ -67,7 +67,7 @@ def resource_facts(resource: dict[str, Any]) -> Facts:
     tuple (interned): a job's 16k processes give the same object, which `apply_records` uses to
     look the job up once per batch.
     """
-    found = _RESOURCE_FACTS.get(id(resource))
+    found = RESOURCE_FACTS.get(id(resource))
     if found is not None and found[0] is resource:
         return found[1]
     job = resource.get(schema.RES_JOB_ID)
@@ -75,12 +75,12 @@ def resource_facts(resource: dict[str, Any]) -> Facts:
         job = resource.get(schema.RES_SERVICE_NAME, "unknown")
     run = resource.get(schema.RES_RUN_ID)
     facts: Facts = (str(job), str(run)[:128] if run is not None else "", _int(resource.get(schema.RES_WORLD_SIZE), 0))
-    if len(_RESOURCE_FACTS) >= 1 << 16:
-        _RESOURCE_FACTS.clear()
+    if len(RESOURCE_FACTS) >= 1 << 16:
+        RESOURCE_FACTS.clear()
     if len(_INTERNED_FACTS) >= 1 << 12:
         _INTERNED_FACTS.clear()
     facts = _INTERNED_FACTS.setdefault(facts, facts)
-    _RESOURCE_FACTS[id(resource)] = (resource, facts)
+    RESOURCE_FACTS[id(resource)] = (resource, facts)
     return facts
 
 

@@ -284,7 +284,7 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
                                  cfg.max_seqs_per_group)
         if folded:
             if folded == 2:
-                _fold_digests(job, rank, a, _list(a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)))
+                _fold_digests_of(job, rank, a)
             return
     _apply_heartbeat_python(job, rank, record, received_at, cfg)
 
@@ -524,70 +524,98 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
     With use_span_time (offline replay) each record counts as received at its end time.
     """
     used = 0
-    folded = (schema.KIND_HEARTBEAT, schema.KIND_COLLECTIVE, schema.KIND_P2P)
     # the job of each distinct (interned) resource facts, as of this call: a batch of 512 ranks'
     # heartbeats of one job looks its job up once (checked still current: a later record may evict it)
     jobs_by_facts: dict[int, JobState] = {}
-    for record in records:
-        a = record.attributes
-        kind = a.get(schema.ATTR_SPAN_KIND, "")
-        if kind not in folded:
-            continue
-        rank_id = a.get(schema.ATTR_RANK)
-        if type(rank_id) is not int:  # the common case is an int attribute; else SpanRecord's rules
-            rank_id = record.rank
-        if rank_id is None or rank_id < 0:
-            continue
-        resource = record.resource
-        facts = admission.resource_facts(resource)
-        world = facts[2]
-        job = prior = None
-        checked = None
-        memo_ok = not use_span_time and schema.RES_JOB_ID not in a  # the record's job follows from its facts
-        if memo_ok:
-            job = jobs_by_facts.get(id(facts))
-            if job is not None and jobs.get(job.job_id) is not job:
-                job = None
-            if job is not None:
-                prior = job.ranks.get(rank_id)
-                if prior is not None and prior.resource is not resource:
-                    prior = None  # another process (or host) of this rank: nothing of the last one holds
-        if kind == schema.KIND_HEARTBEAT:
-            checked = admission.heartbeat_checked(a)
-        if prior is not None and checked is not None and checked == prior.hb_checked:
-            reason = None  # what admission reads equals what it admitted of this process last time
-        else:
-            reason = admission.reject_reason(record, rank_id, cfg, world, prior.hb_checked if prior else None)
-        if reason is not None:
-            if rejected is not None:
-                rejected[reason] = rejected.get(reason, 0) + 1
-            continue
-        at = record.end_ns / 1e9 if use_span_time else received_at
-        if job is None:
-            job = _job_for(jobs, record, at, cfg, evicted, facts)
-            if memo_ok:
-                jobs_by_facts[id(facts)] = job
-        if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
-            job.dropped_records += 1
-            continue
-        if at > job.last_seen:
-            job.last_seen = at
-        if world > job.world_size:
-            job.world_size = world
-        if prior is not None:  # _rank_state's first case, inline
-            rank = prior
-            if at > rank.last_seen:
-                rank.last_seen = at
-        else:
-            rank = _rank_state(job, record, rank_id, at)
-        if checked is not None:
-            _apply_heartbeat(job, rank, record, at, cfg)
-            rank.hb_checked = checked
-        else:
-            job.spans += 1
-            _apply_op_span(job, rank, record, at, cfg)
-        used += 1
+    records = iter(records)
+    for first in records:
+        record: SpanRecord | None = first
+        while record is not None:
+            taken, run = _apply_record(jobs, jobs_by_facts, record, received_at, cfg, use_span_time, rejected, evicted)
+            used += taken
+            record = None
+            if run is not None and _fold_fast is not None:
+                # the heartbeats that follow in the same run (same job, processes already admitted
+                # on the same values) go to the compiled fold, without a Python step per record
+                job, facts = run
+                folded, record = _fold_fast.fold_run(records, job, facts, admission.RESOURCE_FACTS, received_at,
+                                                     cfg.max_stack_chars, cfg.max_seqs_per_group,
+                                                     _apply_heartbeat_python, _fold_digests_of, cfg)
+                used += folded
     return used
+
+
+_FOLDED_KINDS = (schema.KIND_HEARTBEAT, schema.KIND_COLLECTIVE, schema.KIND_P2P)
+
+
+def _apply_record(jobs: dict[str, JobState], jobs_by_facts: dict[int, JobState], record: SpanRecord,
+                  received_at: float, cfg: AnalysisConfig, use_span_time: bool, rejected: dict[str, int] | None,
+                  evicted: list[str] | None) -> tuple[int, tuple[JobState, admission.Facts] | None]:
+    """apply_records for one record: (1 if used else 0, and (its job, its facts) when it was a
+    heartbeat admitted on the values admitted last time, which the compiled fold's run continues)."""
+    a = record.attributes
+    kind = a.get(schema.ATTR_SPAN_KIND, "")
+    if kind not in _FOLDED_KINDS:
+        return 0, None
+    rank_id = a.get(schema.ATTR_RANK)
+    if type(rank_id) is not int:  # the common case is an int attribute; else SpanRecord's rules
+        rank_id = record.rank
+    if rank_id is None or rank_id < 0:
+        return 0, None
+    resource = record.resource
+    facts = admission.resource_facts(resource)
+    world = facts[2]
+    job = prior = None
+    checked = None
+    memo_ok = not use_span_time and schema.RES_JOB_ID not in a  # the record's job follows from its facts
+    if memo_ok:
+        job = jobs_by_facts.get(id(facts))
+        if job is not None and jobs.get(job.job_id) is not job:
+            job = None
+        if job is not None:
+            prior = job.ranks.get(rank_id)
+            if prior is not None and prior.resource is not resource:
+                prior = None  # another process (or host) of this rank: nothing of the last one holds
+    if kind == schema.KIND_HEARTBEAT:
+        checked = admission.heartbeat_checked(a)
+    shortcut = prior is not None and checked is not None and checked == prior.hb_checked
+    if shortcut:
+        reason = None  # what admission reads equals what it admitted of this process last time
+    else:
+        reason = admission.reject_reason(record, rank_id, cfg, world, prior.hb_checked if prior else None)
+    if reason is not None:
+        if rejected is not None:
+            rejected[reason] = rejected.get(reason, 0) + 1
+        return 0, None
+    at = record.end_ns / 1e9 if use_span_time else received_at
+    if job is None:
+        job = _job_for(jobs, record, at, cfg, evicted, facts)
+        if memo_ok:
+            jobs_by_facts[id(facts)] = job
+    if rank_id not in job.ranks and len(job.ranks) >= cfg.max_ranks_per_job:
+        job.dropped_records += 1
+        return 0, None
+    if at > job.last_seen:
+        job.last_seen = at
+    if world > job.world_size:
+        job.world_size = world
+    if prior is not None:  # _rank_state's first case, inline
+        rank = prior
+        if at > rank.last_seen:
+            rank.last_seen = at
+    else:
+        rank = _rank_state(job, record, rank_id, at)
+    if checked is None:
+        job.spans += 1
+        _apply_op_span(job, rank, record, at, cfg)
+        return 1, None
+    _apply_heartbeat(job, rank, record, at, cfg)
+    rank.hb_checked = checked
+    return 1, (job, facts) if shortcut and memo_ok else None
+
+
+def _fold_digests_of(job: JobState, rank: RankState, a: dict[str, Any]) -> None:
+    _fold_digests(job, rank, a, _list(a.get(schema.ATTR_HB_DIGEST_GROUP_IDS)))
 
 
 def _job_for(jobs: dict[str, JobState], record: SpanRecord, at: float, cfg: AnalysisConfig,
@@ -634,4 +662,6 @@ COMPILED_FOLD_KEYS = (
     schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_INFLIGHT_GROUP_IDS,
     *_INFLIGHT_ARRAYS, schema.ATTR_HB_DIGEST_GROUP_IDS)
 if _fold_fast is not None:
-    _fold_fast.configure(COMPILED_FOLD_KEYS, tuple(sorted(FLOW_KEYS)), schema.OP_SEND, InFlight, SeqRecord)
+    _fold_fast.configure(COMPILED_FOLD_KEYS, tuple(sorted(FLOW_KEYS)), schema.OP_SEND, InFlight, SeqRecord,
+                         (schema.ATTR_SPAN_KIND, schema.KIND_HEARTBEAT, schema.ATTR_RANK, schema.RES_JOB_ID,
+                          *admission.HEARTBEAT_CHECKED))

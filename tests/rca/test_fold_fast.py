@@ -29,7 +29,7 @@ class Counting:
     """state._fold_fast, counting what it took."""
 
     def __init__(self) -> None:
-        self.taken = self.declined = 0
+        self.taken = self.declined = self.runs = 0
 
     def fold(self, *args: Any) -> int:
         assert state._fold_fast is self
@@ -39,6 +39,19 @@ class Counting:
         else:
             self.declined += 1
         return folded
+
+    def fold_run(self, *args: Any) -> tuple[int, Any]:
+        python_fold = args[7]
+
+        def declined(*fold_args: Any) -> None:  # counted in `folded`, but the Python fold's
+            self.declined += 1
+            self.taken -= 1
+            python_fold(*fold_args)
+
+        folded, left = REAL.fold_run(*args[:7], declined, *args[8:])
+        self.taken += folded
+        self.runs += 1
+        return folded, left
 
 
 REAL = state._fold_fast
@@ -82,6 +95,7 @@ def test_the_simulators_heartbeats_fold_alike(fault: str, monkeypatch: pytest.Mo
     assert compiled["j"].heartbeats > 0
     # every heartbeat after a rank's first (its table's first sight) is the compiled fold's
     assert counting.taken >= 0.85 * (counting.taken + counting.declined), (counting.taken, counting.declined)
+    assert counting.runs > 0
 
 
 def _mutate(rng: random.Random, a: dict[str, Any]) -> dict[str, Any]:

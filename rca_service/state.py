@@ -141,6 +141,9 @@ class GroupState:
     version: int = 0  # bumped with every change of its seq records (find_mismatches reads changed groups)
     # signature digests per block of seqs: block -> rank -> digest (schema.ATTR_HB_DIGEST_*)
     digests: dict[int, dict[int, int]] = field(default_factory=dict)
+    # the seqs an op span wrote (only those have starts and ends): the slowdown search reads these,
+    # not the whole window (heartbeats add seqs to every TP group every beat); pruned to the window
+    op_seqs: dict[int, None] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -493,6 +496,9 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
     rec = _seq_record(group, seq, cfg)
     rec.version += 1
     group.op_spans += 1
+    group.op_seqs[seq] = None
+    if len(group.op_seqs) > 2 * cfg.max_seqs_per_group:
+        group.op_seqs = dict.fromkeys(s for s in group.op_seqs if s in group.seqs)
     group.version += 1
     me = rank.rank
     sig = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))

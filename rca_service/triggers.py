@@ -401,17 +401,42 @@ class Slowdown:
         }
 
 
-def _complete_seqs(group: GroupState) -> list[tuple[int, float, dict[int, float], float]]:
-    """(seq, completion time, starts, min duration) of seqs every member reported."""
+CompleteSeq = tuple[int, float, dict[int, float], float]
+
+
+def _complete_seqs(group: GroupState) -> list[CompleteSeq]:
+    """(seq, completion time, starts, min duration) of seqs every member reported (op spans only
+    write starts and ends: only the seqs they wrote are read)."""
     size = group.size
     out = []
-    for seq in sorted(group.seqs):
-        rec = group.seqs[seq]
+    seqs = group.seqs
+    for seq in sorted(s for s in group.op_seqs if s in seqs):
+        rec = seqs[seq]
         if size < 2 or len(rec.ends) < size or len(rec.starts) < size:
             continue
         durations = [rec.ends[r] - rec.starts[r] for r in rec.ends if r in rec.starts]
         out.append((seq, max(rec.ends.values()), rec.starts, min(durations) if durations else 0.0))
     return out
+
+
+def _complete_seqs_since(group: GroupState, known: tuple[tuple[int, int], list[CompleteSeq], list[SeqRecord]] | None) \
+        -> tuple[tuple[int, int], list[CompleteSeq], list[SeqRecord]]:
+    """_complete_seqs, from the last answer while no op span was folded into the group since.
+
+    Only op spans write a seq's starts and ends; heartbeats add seqs (without ends: never
+    complete) and the window drops the oldest. So with the same op-span count and size the
+    complete seqs are the last ones still held, as the same records (a seq dropped and made
+    again by a late heartbeat is a new, empty record). At 16k ranks every TP group gains seqs
+    every beat: recomputing ~2k groups' 256 seqs cost ~0.1 s a search."""
+    key = (group.op_spans, group.size)
+    seqs = group.seqs
+    if known is not None and known[0] == key:
+        keep = [seqs.get(c[0]) is rec for c, rec in zip(known[1], known[2], strict=True)]
+        if all(keep):
+            return known
+        return key, list(itertools.compress(known[1], keep)), list(itertools.compress(known[2], keep))
+    complete = _complete_seqs(group)
+    return key, complete, [seqs[c[0]] for c in complete]
 
 
 def _last_arrivals(window: list[tuple[int, float, dict[int, float], float]]) -> tuple[int | None, float, float]:
@@ -434,14 +459,12 @@ def find_slowdowns(job: JobState, cfg: AnalysisConfig) -> list[Slowdown]:
     found: list[Slowdown] = []
     # a group's complete seqs change only with an op span folded into it, or a seq added / dropped:
     # at 16k ranks re-reading every seq record of 4k groups was ~0.1 s a search
-    memo: dict[str, tuple[tuple[int, int, int, int], list[Any]]] = job.memo.setdefault("complete_seqs", {})
+    memo: dict[str, tuple[tuple[int, int], list[CompleteSeq], list[SeqRecord]]] = \
+        job.memo.setdefault("complete_seqs", {})
     for gid, group in job.groups.items():
         if not group.durations:
             continue  # no op span completed in it (heartbeats only): no seq every member reported
-        key = (group.op_spans, len(group.seqs), next(reversed(group.seqs), 0), group.size)
-        known = memo.get(gid)
-        if known is None or known[0] != key:
-            known = memo[gid] = (key, _complete_seqs(group))
+        known = memo[gid] = _complete_seqs_since(group, memo.get(gid))
         seqs = known[1]
         if len(seqs) < cfg.slow_window + 2:
             continue

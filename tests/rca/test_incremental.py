@@ -20,8 +20,10 @@ from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.rank_table import rank_table
 from mycroft.rca_service.service import pass_wait
-from mycroft.rca_service.state import JobState, SeqRecord
+from mycroft.rca_service.state import GroupState, JobState, RankState, SeqRecord, _apply_op_span, _seq_record
 from mycroft.rca_service.triggers import (
+    _complete_seqs,
+    _complete_seqs_since,
     _newest_seqs,
     find_mismatches,
     hang_sweep,
@@ -485,6 +487,43 @@ def test_the_newest_seqs_of_a_window_follow_it_as_the_fold_moves_it() -> None:
         if known is None or known[0] != len(seqs) or known[1] != last:
             known = (len(seqs), last, _newest_seqs(seqs, 4, known))
         assert known[2] == sorted(seqs)[-4:], step
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_complete_seqs_follow_the_fold_as_a_fresh_search_finds_them(seed: int) -> None:
+    """find_slowdowns' complete seqs, kept while no op span lands, are _complete_seqs' answer as
+    heartbeats add seqs, op spans complete them, the window drops the oldest and late beats
+    make dropped seqs again (new, empty records)."""
+    rng = random.Random(seed)
+    cfg = AnalysisConfig(max_seqs_per_group=24)
+    job = JobState("j")
+    members = Group("g", (0, 1, 2))
+    group = job.groups[members.id] = GroupState(members.id, ranks=members.ranks)
+    known = None
+    top = 0
+    for step in range(1500):
+        for _ in range(rng.choice([0, 1, 2])):  # heartbeats: a new seq in flight, or a late one
+            top += 1
+            _seq_record(group, top if rng.random() > 0.1 else max(1, top - rng.randint(20, 40)), cfg)
+        if rng.random() < 0.3 and top:  # an op span of one member at a recent seq
+            seq = max(1, top - rng.randint(0, 6))
+            member = rng.randrange(3)
+            record = collective("j", member, 3, members, seq, float(seq), seq + rng.uniform(0.001, 0.01))
+            rank = job.ranks.setdefault(member, RankState(rank=member))
+            _apply_op_span(job, rank, record, float(seq), cfg)
+        known = _complete_seqs_since(group, known)
+        assert known[1] == _complete_seqs(group) == _every_complete_seq(group), step
+
+
+def _every_complete_seq(group: GroupState) -> list[tuple[int, float, dict[int, float], float]]:
+    """The definition, over the whole window (not only the seqs op spans wrote)."""
+    out = []
+    for seq in sorted(group.seqs):
+        rec = group.seqs[seq]
+        if group.size >= 2 and len(rec.ends) >= group.size and len(rec.starts) >= group.size:
+            durations = [rec.ends[r] - rec.starts[r] for r in rec.ends if r in rec.starts]
+            out.append((seq, max(rec.ends.values()), rec.starts, min(durations) if durations else 0.0))
+    return out
 
 
 @pytest.mark.parametrize("seed", range(6))

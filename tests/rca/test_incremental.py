@@ -537,3 +537,38 @@ def test_minimal_groups_are_the_all_pairs_answer(seed: int) -> None:
     found = slowness._minimal(groups)
     assert set(found) == expected and len(found) == len(expected)
     assert [len(g) for g in found] == sorted(len(g) for g in found)
+
+
+def test_flow_classification_is_kept_only_while_every_ranks_flows_are_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled op's flow classification is reused while its node and every rank's flows are the
+    same objects; a heartbeat (new flows) makes it classify again, and the answers are a fresh one's."""
+    from mycroft.rca_service import verdict
+
+    from mycroft.faults.bigjob import BigJob, Layout
+    from mycroft.faults.simfaults import plan
+
+    p = plan("nic_down", 64, 8, seed=2, rank=17)
+    job = BigJob("j", Layout(64, tp=8), ops_per_s=10, fault=p, fault_at=1003.5)
+    engine, cache = Engine(), DecodeCache()
+    fresh = verdict._classify_flows_now
+    calls = []
+    monkeypatch.setattr(verdict, "_classify_flows_now", lambda *a: calls.append(1) or fresh(*a))
+    for k in range(8):
+        job.tick(1000.0 + k)
+        engine.ingest(cache.decode(job.heartbeat_bytes(list(range(64)), 1000.0 + k)), 1000.01 + k)
+    state = engine.jobs["j"]
+    dp = next(g for g in state.groups.values() if 17 in g.ranks and len(g.ranks) == 8 and g.name.startswith("dp"))
+    node = ("c", dp.group_id, max(r.issued.get(dp.group_id, 0) for r in state.ranks.values()))
+    per_rank = {r.rank: r.flows for r in state.ranks.values() if r.flows}
+    assert per_rank, "the stalled ring carries flows"
+    first = verdict._classify_flows(state, node)
+    assert first == fresh(state, node, per_rank) and first.get("rank") == 17
+    first["flows"].clear()  # a caller's changes do not reach the kept answer
+    assert verdict._classify_flows(state, node) == fresh(state, node, per_rank)
+    assert len(calls) == 1
+    job.tick(1008.0)
+    engine.ingest(cache.decode(job.heartbeat_bytes([17], 1008.0)), 1008.01)  # one rank's new flows
+    again = verdict._classify_flows(state, node)
+    assert len(calls) == 2
+    assert again == fresh(state, node, {r.rank: r.flows for r in state.ranks.values() if r.flows})

@@ -22,8 +22,6 @@ from mycroft.faults.bigjob import BigJob, Layout
 from mycroft.faults.simfaults import FAULTS, plan
 from mycroft.otlp import DecodeCache, SpanRecord, decode_protobuf
 
-pytestmark = pytest.mark.skipif(state._fold_fast is None, reason="the compiled fold is not built")
-
 
 class Counting:
     """state._fold_fast, counting what it took."""

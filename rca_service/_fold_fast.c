@@ -303,7 +303,7 @@ typedef struct {
 } Checked;
 
 /* 1: the heartbeat is the common one, its values in `c`; 0: the Python fold's; -1: error */
-static int check(PyObject *rank, PyObject *attrs, double received_at, Checked *c) {
+static int check(PyObject *rank, PyObject *attrs, Checked *c) {
     memset(c, 0, sizeof *c);
     c->counter = get(attrs, K_COUNTER);
     if (c->counter != NULL && !PyLong_CheckExact(c->counter)) return 0;
@@ -370,7 +370,6 @@ static int check(PyObject *rank, PyObject *attrs, double received_at, Checked *c
             (i < n_completed && !PyLong_CheckExact(PyList_GET_ITEM(c->completed, i))))
             goto other;
     }
-    (void)received_at;
     return 1;
 other:
     Py_CLEAR(c->admitted);
@@ -523,7 +522,7 @@ static int fold_one(PyObject *job, PyObject *rank, PyObject *attrs, PyObject *re
     }
 
     Checked c;
-    int ok = check(rank, attrs, received_at, &c);
+    int ok = check(rank, attrs, &c);
     if (ok <= 0) return ok;
 
     /* from here on the state changes: as the Python fold, in its order */

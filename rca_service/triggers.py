@@ -457,8 +457,8 @@ def _last_arrivals(window: list[tuple[int, float, dict[int, float], float]]) -> 
 
 def find_slowdowns(job: JobState, cfg: AnalysisConfig) -> list[Slowdown]:
     found: list[Slowdown] = []
-    # a group's complete seqs change only with an op span folded into it, or a seq added / dropped:
-    # at 16k ranks re-reading every seq record of 4k groups was ~0.1 s a search
+    # a group's complete seqs change only with an op span folded into it, or a seq dropped
+    # (_complete_seqs_since): at 16k ranks re-reading every seq record of 4k groups was ~0.1 s a search
     memo: dict[str, tuple[tuple[int, int], list[CompleteSeq], list[SeqRecord]]] = \
         job.memo.setdefault("complete_seqs", {})
     for gid, group in job.groups.items():

@@ -30,6 +30,8 @@ RES_WORLD_SIZE: Final = "mycroft.world_size"
 RES_LOCAL_RANK: Final = "mycroft.local_rank"
 RES_SCHEMA_VERSION: Final = "mycroft.schema.version"
 RES_RUN_ID: Final = "mycroft.run.id"  # one launch of the job (same on every rank); a relaunch gets a new one
+RES_SLURM_JOB_ID: Final = "mycroft.slurm.job_id"  # SLURM_JOB_ID of the rank; the RCA drain_node action requeues it
+RES_KUBE_NODE_NAME: Final = "k8s.node.name"  # the pod's Kubernetes node (downward API); what cordon_node cordons
 
 # --------------------------------------------------------------------------------------
 # Span names (low cardinality). Collective / p2p spans are named by their op (OP_*).

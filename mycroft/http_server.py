@@ -14,7 +14,10 @@ reaches a handler:
 - concurrency: `workers` threads run the (blocking) handlers, and only that many
   request bodies are held in memory at once; the others wait before they are read.
 
-Handlers are plain functions `Request -> Response`, so the services stay synchronous.
+Handlers are plain functions `Request -> Response`, so the services stay synchronous. A
+handler may instead answer a `LongPoll`: the request is then held on the event loop (no
+thread, a few KB) until the answer is ready or its time is up, for endpoints that thousands
+of clients wait on at once (the RCA service's directives).
 """
 
 from __future__ import annotations
@@ -127,7 +130,20 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Handler = Callable[[Request], Response]
+@dataclass(slots=True)
+class LongPoll:
+    """An answer that is not ready yet. The server subscribes `wake` (any thread may call it when
+    the answer may have changed; `subscribe` returns the function that unsubscribes), then
+    calls `ready()` on its event loop (it must not block) at once and after every wake, and
+    answers what it returns, or `on_timeout` once `timeout_s` has passed."""
+
+    ready: Callable[[], Response | None]
+    subscribe: Callable[[Callable[[], None]], Callable[[], None]]
+    timeout_s: float
+    on_timeout: Response
+
+
+Handler = Callable[[Request], "Response | LongPoll"]
 HeadCheck = Callable[[Request], Any]  # runs before the body is read; raises HttpError to refuse
 
 
@@ -275,6 +291,8 @@ class HttpServer:
                 response = await self._loop.run_in_executor(self._pool, self._call, request)
         except HttpError as exc:
             response = json_error(exc.status, exc.message, exc.headers)
+        if isinstance(response, LongPoll):
+            response = await self._hold(response)
         reply = web.Response(status=response.status, body=response.body if http.method != "HEAD" else None,
                              headers=response.headers)
         reply.content_type = response.content_type.split(";", 1)[0]
@@ -285,6 +303,39 @@ class HttpServer:
         if response.status in (408, 413) or response.status >= 500 or (http.body_exists and not body_read):
             reply.force_close()  # an unread or half-read body must not be parsed as the next request
         return reply
+
+    async def _hold(self, poll: LongPoll) -> Response:
+        """Wait on the loop for the poll's answer: no thread is held, only this coroutine."""
+        woken = asyncio.Event()
+        loop = self._loop
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(woken.set)
+            except RuntimeError:  # the loop closed (server stopped): nobody waits any more
+                pass
+
+        unsubscribe = poll.subscribe(wake)
+        try:
+            deadline = loop.time() + max(0.0, poll.timeout_s)
+            while True:
+                woken.clear()  # cleared before ready(): a wake from now on is seen (set runs on this loop)
+                try:
+                    answer = poll.ready()
+                except HttpError as exc:
+                    return json_error(exc.status, exc.message, exc.headers)
+                if answer is not None:
+                    return answer
+                left = deadline - loop.time()
+                if left <= 0:
+                    return poll.on_timeout
+                try:
+                    async with asyncio.timeout(left):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            unsubscribe()
 
     async def _read_body(self, http: web.BaseRequest) -> bytes:
         limit = self.limits.max_body_bytes
@@ -315,7 +366,7 @@ class HttpServer:
             raise HttpError(400, f"body of {size} bytes, Content-Length said {declared}")
         return b"".join(chunks)
 
-    def _call(self, request: Request) -> Response:
+    def _call(self, request: Request) -> Response | LongPoll:
         try:
             return self._handler(request)
         except HttpError as exc:

@@ -117,10 +117,19 @@ def alert_labels(incident: Incident) -> dict[str, str]:
     }
 
 
-def alert_annotations(incident: Incident, external_url: str) -> dict[str, str]:
+def actions_line(actions: list[dict[str, Any]] | None) -> str:
+    """What was done about the incident, one line per receiver annotation ("" when nothing)."""
+    return "; ".join(f"{a.get('action')} {a.get('target') or '-'}: {a.get('result')} ({a.get('mode')})"
+                     for a in (actions or [])[:8])
+
+
+def alert_annotations(incident: Incident, external_url: str,
+                      actions: list[dict[str, Any]] | None = None) -> dict[str, str]:
     causes = incident.root_causes
     base = external_url.rstrip("/")
     return {
+        # what Mycroft did about it (or, observing, would have done): the policy's actions and their results
+        "actions": safe_text(actions_line(actions), 1000),
         "summary": safe_text(incident.summary, 1000),
         "description": safe_text("\n".join(str(c.get("evidence", {}).get("text", "")) for c in causes[:8]), 4000),
         "root_cause": safe_text(root_cause_line({"root_causes": causes, "summary": incident.summary}), 500),
@@ -141,10 +150,11 @@ def _ends_at(incident: Incident, now: float) -> str:
     return "0001-01-01T00:00:00Z"
 
 
-def webhook_payload(incident: Incident, external_url: str = "", receiver: str = "mycroft") -> dict[str, Any]:
+def webhook_payload(incident: Incident, external_url: str = "", receiver: str = "mycroft",
+                    actions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Alertmanager webhook body (version 4) for one incident."""
     labels = alert_labels(incident)
-    annotations = alert_annotations(incident, external_url)
+    annotations = alert_annotations(incident, external_url, actions)
     group_labels = {"mycroft_job": labels["mycroft_job"], "kind": incident.kind}
     return {
         "version": "4",
@@ -167,14 +177,16 @@ def webhook_payload(incident: Incident, external_url: str = "", receiver: str = 
         }],
         # Mycroft's own record (receivers that know it need not call back), less the page's drawing:
         # alert bodies stay small, the drawing is one click away (generatorURL)
-        "mycroft": {"incident": {k: v for k, v in incident.to_dict().items() if k != "view"}},
+        "mycroft": {"incident": {**{k: v for k, v in incident.to_dict().items() if k != "view"},
+                                 "actions": list(actions or [])}},
     }
 
 
-def alertmanager_alerts(incident: Incident, external_url: str, now: float) -> list[dict[str, Any]]:
+def alertmanager_alerts(incident: Incident, external_url: str, now: float,
+                        actions: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Body of POST /api/v2/alerts: firing alerts carry an endsAt we refresh by re-pushing."""
     ends = incident.resolved_at if incident.status == RESOLVED and incident.resolved_at else now + FIRING_ENDS_AFTER_S
-    annotations = alert_annotations(incident, external_url)
+    annotations = alert_annotations(incident, external_url, actions)
     return [{
         "labels": alert_labels(incident),
         "annotations": annotations,
@@ -263,11 +275,12 @@ class Alerter:
                 self.suppressed += 1
                 return False
             self._firing.add(incident.id)
+        actions = self.store.actions_of([incident.id])[incident.id]
         for url in self.webhooks:
-            self.store.enqueue(f"{WEBHOOK} {url}", webhook_payload(incident, self.external_url), now)
+            self.store.enqueue(f"{WEBHOOK} {url}", webhook_payload(incident, self.external_url, actions=actions), now)
         if self.alertmanager:
             self.store.enqueue(f"{ALERTMANAGER} {self.alertmanager}/api/v2/alerts",
-                               {"alerts": alertmanager_alerts(incident, self.external_url, now)}, now)
+                               {"alerts": alertmanager_alerts(incident, self.external_url, now, actions)}, now)
         self._wake.set()
         return True
 
@@ -275,9 +288,11 @@ class Alerter:
         """Re-push firing incidents to Alertmanager so they do not time out there."""
         if not self.alertmanager:
             return
+        actions = self.store.actions_of(i.id for i in incidents)
         for incident in incidents:
             self.store.enqueue(f"{ALERTMANAGER} {self.alertmanager}/api/v2/alerts",
-                               {"alerts": alertmanager_alerts(incident, self.external_url, now)}, now)
+                               {"alerts": alertmanager_alerts(incident, self.external_url, now,
+                                                              actions[incident.id])}, now)
         self._wake.set()
 
     def deliver_due(self, now: float | None = None) -> int:

@@ -1,31 +1,44 @@
-"""HTTP API: incidents, live jobs, health, Prometheus metrics and the OpenAPI description;
-and the pages made from them (pages.py): `/incidents/{id}`, `/incidents/{id}/graph.svg`, `/jobs`.
+"""HTTP API: incidents, live jobs, hosts, directives, health, Prometheus metrics and the OpenAPI
+description; and the pages made from them (pages.py): `/incidents/{id}`,
+`/incidents/{id}/graph.svg`, `/jobs`, `/hosts`.
 
 Served by mycroft.http_server (bounded, timeouts, optional TLS). With an Authenticator,
 everything but /healthz needs `Authorization: Bearer` of a read or admin token (401
 without, 403 for an ingest token or a job outside the token's patterns); lists show only
-the token's jobs. The routes and their answers are described in openapi.py.
+the token's jobs. `/api/v1/directives` is for the ranks: a token that may write a job's
+telemetry (ingest) may also read its directives; a request is held (long poll, no thread)
+until a directive arrives or `wait` runs out. The routes and their answers are described
+in openapi.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from typing import Any, Protocol
 
-from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
-from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles
+from mycroft.auth import ANONYMOUS_ADMIN, RUN_SEPARATOR, Authenticator, Principal
+from mycroft.http_server import HttpError, HttpLimits, HttpServer, LongPoll, Request, Response, TlsFiles
 from mycroft.otlp_server import split_host_port
 
 from . import pages
+from .directives import DirectiveBoard
 from .metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from .openapi import OPENAPI
 
 log = logging.getLogger("mycroft.rca.api")
 
-API_LIMITS = HttpLimits(max_body_bytes=64 * 1024, max_decoded_bytes=64 * 1024, workers=4)
+# connections: a 16k-rank job whose every rank long-polls directives itself (no per-host relay), plus
+# the API's readers; an idle held poll is a coroutine and a socket, no thread
+API_LIMITS = HttpLimits(max_body_bytes=64 * 1024, max_decoded_bytes=64 * 1024, workers=4,
+                        max_connections=16_384 + 1_024)
 MAX_LIMIT = 10_000
 INCIDENT_QUERY = ("limit", "job", "status")
+DIRECTIVES = "/api/v1/directives"
+QUERIES = {"/api/v1/incidents": INCIDENT_QUERY, DIRECTIVES: ("job", "run", "after", "wait", "host"),
+           "/api/v1/hosts": ("limit",), "/api/v1/hosts/suspect": ("format",)}
 
 
 class Backend(Protocol):
@@ -35,6 +48,12 @@ class Backend(Protocol):
     def jobs(self, principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]: ...
     def health(self) -> dict[str, Any]: ...
     def metrics_text(self) -> str: ...
+    def hosts(self, principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]: ...
+
+    @property
+    def directives(self) -> DirectiveBoard: ...
+    @property
+    def max_directive_wait_s(self) -> float: ...
 
 
 def _json(code: int, value: Any) -> Response:
@@ -77,15 +96,15 @@ class ApiHandler:
         principal = self.auth.header(request.header("Authorization") or None)
         if principal is None:
             raise HttpError(401, "missing or invalid bearer token", {"WWW-Authenticate": 'Bearer realm="mycroft"'})
-        if not principal.can_read:
+        if not principal.can_read and not (path == DIRECTIVES and principal.can_ingest):
             raise HttpError(403, f"a {principal.role} token may not read the API")
         return principal
 
-    def __call__(self, request: Request) -> Response:
+    def __call__(self, request: Request) -> Response | LongPoll:
         principal = request.principal if isinstance(request.principal, Principal) else self.head(request)
         path = request.path.rstrip("/") or "/"
         query = request.query
-        allowed = INCIDENT_QUERY if path == "/api/v1/incidents" else ()
+        allowed = QUERIES.get(path, ())
         unknown = sorted(set(query) - set(allowed))
         if unknown:  # a typo (?limt=5) is an error, not a silently unfiltered answer
             raise HttpError(400, f"unknown query parameter {unknown[0][:64]!r}"
@@ -109,6 +128,21 @@ class ApiHandler:
             return _json(200, self._incident(path.rsplit("/", 1)[1], principal))
         if path == "/api/v1/jobs":
             return _json(200, self.backend.jobs(principal))
+        if path == DIRECTIVES:
+            return self._directives(request, principal)
+        if path == "/api/v1/hosts":
+            return _json(200, self.backend.hosts(principal)[: parse_limit(query.get("limit"))])
+        if path == "/api/v1/hosts/suspect":
+            form = query.get("format", "json")
+            if form not in ("json", "slurm"):
+                raise HttpError(400, "format must be json or slurm")
+            suspects = [h for h in self.backend.hosts(principal) if h.get("suspect")]
+            if form == "slurm":  # one line for `srun --exclude=$(curl ...)`
+                return Response(200, (",".join(sorted(str(h["host"]) for h in suspects)) + "\n").encode(),
+                                "text/plain; charset=utf-8")
+            return _json(200, suspects)
+        if path == "/hosts":
+            return _html(pages.hosts_page(self.backend.hosts(principal)))
         if path.startswith("/incidents/"):
             rest = path.removeprefix("/incidents/")
             if rest.endswith("/graph.svg"):
@@ -120,8 +154,38 @@ class ApiHandler:
         if path in ("/jobs", "/"):
             return _html(pages.jobs_page(self.backend.jobs(principal),
                                          self.backend.list_incidents(50, None, None, principal)))
-        raise HttpError(404, "not found; try /jobs, /incidents/{id}, /api/v1/incidents, /api/v1/jobs, "
-                             "/api/v1/openapi.json, /healthz, /metrics")
+        raise HttpError(404, "not found; try /jobs, /hosts, /incidents/{id}, /api/v1/incidents, /api/v1/jobs, "
+                             "/api/v1/hosts, /api/v1/openapi.json, /healthz, /metrics")
+
+    def _directives(self, request: Request, principal: Principal) -> Response | LongPoll:
+        """The next directive of a job after `after`, now or when one is published within `wait` s (204: none)."""
+        query = request.query
+        job = query.get("job") or ""
+        if not job:
+            raise HttpError(400, "job is required (the job id the ranks report, mycroft.job.id)")
+        if not principal.allows_job(job):
+            raise HttpError(403, f"this token may not read job {job[:64]!r}")
+        base, _, run_in_key = job.partition(RUN_SEPARATOR)
+        run = query.get("run") or run_in_key or None
+        try:
+            after = int(query.get("after", "0"))
+            wait = float(query.get("wait", "0"))
+        except ValueError as exc:
+            raise HttpError(400, "after must be an integer, wait a number of seconds") from exc
+        if after < 0 or not math.isfinite(wait) or wait < 0:
+            raise HttpError(400, "after and wait must be >= 0")
+        wait = min(wait, self.backend.max_directive_wait_s)
+        board = self.backend.directives
+        board.note_poll(base, (query.get("host") or request.peer or "?")[:256], time.time())
+
+        def ready() -> Response | None:
+            found = board.next(base, run, after, time.time())
+            return None if found is None else _json(200, found)
+
+        answer = ready()
+        if answer is not None or wait <= 0:
+            return answer or Response(204, b"")
+        return LongPoll(ready, lambda wake: board.subscribe(base, wake), wait, Response(204, b""))
 
     def _incident(self, incident_id: str, principal: Principal) -> dict[str, Any]:
         incident = self.backend.get_incident(incident_id)

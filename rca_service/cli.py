@@ -72,16 +72,25 @@ def _config(args: argparse.Namespace) -> AnalysisConfig:
 def _serve(args: argparse.Namespace) -> int:
     from mycroft.security_cli import security_options
 
-    from .service import RcaService, ServiceOptions, tune_gc
+    from .action_policy import PolicyError, load_policy
+    from .service import RcaService, ServiceOptions, raise_fd_limit, tune_gc
 
     tune_gc()
+    raise_fd_limit()
     auth, tls = security_options(args, "mycroft rca serve")
+    policy = None
+    if args.actions:
+        try:
+            policy = load_policy(args.actions)
+        except PolicyError as exc:
+            print(f"mycroft rca serve: {exc}", file=sys.stderr)
+            return 1
     options = ServiceOptions(
         otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http, http=args.http, db=args.db,
         webhooks=args.webhook or [], webhook_secret=args.webhook_secret or os.environ.get("MYCROFT_WEBHOOK_SECRET"),
         alertmanager=args.alertmanager, forward=args.forward, external_url=args.external_url or "",
         tick_s=args.tick, analysis=_config(args), alert_min_severity=args.alert_min_severity, auth=auth,
-        tls=tls)
+        tls=tls, actions=policy)
     try:
         service = RcaService(options).start()
     except (OSError, ValueError) as exc:
@@ -193,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--alert-min-severity", choices=("info", "warning", "critical"), default="critical",
                        help="the least severity sent to webhooks / Alertmanager (default %(default)s: only what "
                        "should page someone; every incident is in the API either way)")
+    serve.add_argument("--actions", metavar="FILE",
+                       help="action policy (YAML): what to do about an incident (abort the job, drain the node, "
+                       "run a command); mode observe (the default) records what would be done (docs/actions.md)")
     serve.add_argument("--tick", type=float, default=0.2, help="analysis period, seconds")
     serve.add_argument("-v", "--verbose", action="store_true")
     from mycroft.security_cli import security_args

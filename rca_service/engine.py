@@ -68,6 +68,8 @@ class Engine:
             for event in job_events:
                 if event.action == "resolved":
                     self._learn_pause(job, event.incident)
+                else:
+                    note_hosts(event.incident, job)
             events.extend(job_events)
             took = time.perf_counter() - t0
             if took > stats.max_job_seconds:
@@ -129,3 +131,13 @@ class Engine:
                 "groups": groups, "ranks": ranks,
             })
         return out
+
+
+def note_hosts(incident: Incident, job: JobState, limit: int = 256) -> None:
+    """Record the host of each root-cause rank while the job's state still knows it (ranks of a
+    dead host stop reporting and their state expires; the incident is what is remembered)."""
+    for cause in incident.root_causes[:limit]:
+        rank = cause.get("rank")
+        state = job.ranks.get(rank) if isinstance(rank, int) else None
+        if state is not None and state.host and str(rank) not in incident.root_cause_hosts:
+            incident.root_cause_hosts[str(rank)] = state.host

@@ -60,6 +60,9 @@ class Incident:
     consequence_of: str | None = None  # id of the earlier incident that explains this one
     alerted: bool = False  # a firing alert went out (so its resolution goes out too)
     view: dict[str, Any] = field(default_factory=dict)  # the page's drawing (graph_view.py)
+    # the host of each root-cause rank (str(rank) -> host.name) as of when it was named: what the
+    # fleet memory (hosts.py) and node actions (actions.py) act on after the job's state is gone
+    root_cause_hosts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.severity:
@@ -93,7 +96,7 @@ class Incident:
             "resolved_at_unix": self.resolved_at,
             "summary": self.summary, "root_causes": self.root_causes,
             "wait_for_graph": self.graph, "evidence": self.evidence, "updates": self.updates,
-            "view": self.view,
+            "view": self.view, "root_cause_hosts": self.root_cause_hosts,
         }
 
     @classmethod
@@ -108,7 +111,7 @@ class Incident:
             severity=str(d.get("severity") or ""), severity_reason=str(d.get("severity_reason") or ""),
             critical_at=d.get("critical_at_unix"), consequences=list(d.get("consequences") or []),
             consequence_of=d.get("consequence_of"), alerted=bool(d.get("alerted", False)),
-            view=dict(d.get("view") or {}),
+            view=dict(d.get("view") or {}), root_cause_hosts=dict(d.get("root_cause_hosts") or {}),
         )
 
 

@@ -53,6 +53,15 @@ class Metrics:
             assert isinstance(target, Gauge)
             target.set(value)
 
+    def replace_series(self, name: str, label: str, values: dict[str, float]) -> None:
+        """A gauge whose label values come and go (per host): exactly these series, the old ones removed."""
+        with self._lock:
+            metric = self._metric(name, "gauge", (label,))
+            assert isinstance(metric, Gauge)
+            metric.clear()
+            for key, value in values.items():
+                metric.labels(**{label: key}).set(value)
+
     def note_ingest(self, now: float, spans: int) -> None:
         with self._lock:
             self._rate.append((now, spans))

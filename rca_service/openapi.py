@@ -27,9 +27,11 @@ OPENAPI: dict[str, Any] = {
     "info": {
         "title": "Mycroft RCA service API",
         "version": "1",
-        "description": "Incidents (root causes of hangs and slowdowns), live job state, health and metrics. "
+        "description": "Incidents (root causes of hangs and slowdowns) and the actions taken on them, live job "
+                       "state, the fleet memory of hosts, directives for the ranks, health and metrics. "
                        "Read-only: spans go to the OTLP ports. With --auth-config every path but /healthz "
-                       "needs a read or admin bearer token; lists show only the token's jobs.",
+                       "needs a read or admin bearer token (/api/v1/directives also takes an ingest token of the "
+                       "job); lists show only the token's jobs.",
     },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -50,6 +52,58 @@ OPENAPI: dict[str, Any] = {
                     "wait_for_graph": {"type": "object"},
                     "view": {"type": "object", "description": "the page's drawing: condensed wait-for graph "
                              "(nodes, edges, chains) and timeline, or per-rank compute / arrival series"},
+                    "root_cause_hosts": {"type": "object", "description": "rank -> host of each root-cause rank",
+                                         "additionalProperties": {"type": "string"}},
+                    "actions": {"type": "array", "items": {"$ref": "#/components/schemas/Action"},
+                                "description": "what the action policy did (or, observing, would have done)"},
+                },
+            },
+            "Action": {
+                "type": "object",
+                "required": ["action", "mode", "target", "at", "result", "detail"],
+                "properties": {
+                    "action": {"type": "string", "enum": ["abort_job", "drain_node", "cordon_node", "exec"]},
+                    "mode": {"type": "string", "enum": ["observe", "act"]},
+                    "target": {"type": "string", "description": "the job, or the host / node"},
+                    "at": {"type": "string", "description": "when its result was recorded"},
+                    "result": {"type": "string", "enum": ["owed", "running", "done", "failed", "observed",
+                                                          "rate_limited", "skipped", "cancelled", "interrupted",
+                                                          "undeliverable"]},
+                    "detail": {"type": "string"},
+                    "rule": {"type": "string"},
+                },
+            },
+            "Directive": {
+                "type": "object",
+                "required": ["seq", "job", "action", "incident", "reason", "exit_code"],
+                "properties": {
+                    "seq": {"type": "integer", "description": "pass it back as `after`"},
+                    "job": {"type": "string"},
+                    "run": {"type": "string", "nullable": True},
+                    "action": {"type": "string", "enum": ["abort"]},
+                    "incident": {"type": "string"},
+                    "reason": {"type": "string", "description": "one line naming the root cause"},
+                    "exit_code": {"type": "integer"},
+                    "issued_at": {"type": "string"},
+                },
+            },
+            "Host": {
+                "type": "object",
+                "required": ["host", "suspect", "incidents"],
+                "properties": {
+                    "host": {"type": "string"},
+                    "suspect": {"type": "boolean"},
+                    "suspect_until": {"type": "string", "nullable": True},
+                    "incidents": {"type": "integer", "description": "warning / critical incidents one of its ranks "
+                                  "was the root cause of (consequences not counted)"},
+                    "recent_incidents": {"type": "integer"},
+                    "by_kind": {"type": "object"},
+                    "by_cause": {"type": "object"},
+                    "first_seen": {"type": "string", "nullable": True},
+                    "last_seen": {"type": "string", "nullable": True},
+                    "jobs": {"type": "integer"},
+                    "last_incident": {"type": "object", "nullable": True},
+                    "actions": {"type": "array", "items": {"type": "object"}},
                 },
             },
             "Job": {
@@ -133,6 +187,59 @@ OPENAPI: dict[str, Any] = {
         "/jobs": {
             "get": {
                 "summary": "Page: live jobs with their ranks' status, and recent incidents linked",
+                "responses": {"200": {"description": "the page", "content": {"text/html": {"schema": {
+                    "type": "string"}}}}, **_errors(400, *_AUTH_ERRORS)},
+            }
+        },
+        "/api/v1/directives": {
+            "get": {
+                "summary": "The next directive for a job's ranks (abort), now or within `wait` s (a long poll)",
+                "description": "Answered at once when a directive with seq > after is live for the job (and the run, "
+                               "when both name one), else held until one is published or `wait` runs out (204). "
+                               "Takes an ingest token of the job as well as a read one.",
+                "parameters": [
+                    {"name": "job", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1},
+                     "description": "the job id the ranks report (mycroft.job.id)"},
+                    {"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0},
+                     "description": "the last seq seen (default 0)"},
+                    {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0},
+                     "description": "seconds to hold the request (clamped to 60; default 0)"},
+                    {"name": "run", "in": "query", "schema": {"type": "string"},
+                     "description": "the poller's run (mycroft.run.id): directives of another run are not served"},
+                    {"name": "host", "in": "query", "schema": {"type": "string"},
+                     "description": "the polling host (who listens is recorded: an abort nobody polls for is "
+                                    "undeliverable)"},
+                ],
+                "responses": {"200": {"description": "a directive", "content": {"application/json": {"schema": {
+                    "$ref": "#/components/schemas/Directive"}}}},
+                    "204": {"description": "no directive within `wait`"},
+                    **_errors(400, *_AUTH_ERRORS)},
+            }
+        },
+        "/api/v1/hosts": {
+            "get": {
+                "summary": "The fleet memory: every host seen, its root-cause incidents, actions; suspects first",
+                "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer"},
+                                "description": "at most this many (clamped to 1..10000; default 100)"}],
+                "responses": {"200": {"description": "hosts", "content": {"application/json": {"schema": {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Host"}}}}},
+                    **_errors(400, *_AUTH_ERRORS)},
+            }
+        },
+        "/api/v1/hosts/suspect": {
+            "get": {
+                "summary": "The suspect hosts, each with its expiry; format=slurm: one line for srun --exclude=",
+                "parameters": [{"name": "format", "in": "query",
+                                "schema": {"type": "string", "enum": ["json", "slurm"]}}],
+                "responses": {"200": {"description": "suspects", "content": {
+                    "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/Host"}}},
+                    "text/plain": {"schema": {"type": "string"}}}},
+                    **_errors(400, *_AUTH_ERRORS)},
+            }
+        },
+        "/hosts": {
+            "get": {
+                "summary": "Page: the hosts of the fleet, lemon nodes first",
                 "responses": {"200": {"description": "the page", "content": {"text/html": {"schema": {
                     "type": "string"}}}}, **_errors(400, *_AUTH_ERRORS)},
             }

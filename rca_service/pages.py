@@ -2,7 +2,8 @@
 
 Static HTML + inline SVG, no script, no external resource (the cluster may be offline):
 an incident page (`GET /incidents/{id}`, `mycroft rca analyze --html`), its wait-for
-graph alone (`GET /incidents/{id}/graph.svg`) and the jobs page (`GET /jobs`). Input is
+graph alone (`GET /incidents/{id}/graph.svg`), the jobs page (`GET /jobs`) and the hosts
+page (`GET /hosts`: the fleet memory, lemon nodes first). Input is
 the stored incident (its `view`, graph_view.py) or the API's jobs summary; every string
 that came from spans (job names, stacks, group names) is escaped. Pure functions.
 """
@@ -297,6 +298,17 @@ th { background: #eceff1; text-align: left; }
 .scroll { overflow: auto; max-width: 1240px; background: #fff; border: 1px solid #ddd; }
 .muted { color: #666; font-size: 13px; } dl { display: grid; grid-template-columns: 160px 1fr; margin: 0; }
 dt { color: #666; } dd { margin: 0 0 4px; }
+.result { display: inline-block; padding: 1px 7px; border-radius: 8px; font-size: 12px; background: #eceff1; }
+.result.done { background: #c8e6c9; }
+.result.failed, .result.undeliverable, .result.interrupted { background: #ffcdd2; }
+.result.observed { background: #e3f2fd; } .result.owed, .result.running { background: #fff3cd; }
+tr.suspect td:first-child { border-left: 5px solid #d62728; font-weight: bold; }
+.day { display: inline-block; width: 11px; height: 11px; margin-right: 2px; border-radius: 2px; background: #eceff1; }
+.day.n1 { background: #ffcc80; } .day.n2 { background: #fb8c00; } .day.n3 { background: #d62728; }
+.chip { display: inline-block; padding: 0 6px; margin: 1px 2px; border-radius: 8px; font-size: 12px;
+        background: #eceff1; } .tiles { display: flex; gap: 12px; margin: 8px 0 14px; }
+.tile { background: #fff; border: 1px solid #ddd; padding: 8px 14px; min-width: 120px; }
+.tile b { display: block; font-size: 22px; } .tile.bad b { color: #d62728; }
 """
 
 
@@ -304,7 +316,8 @@ def _page(title: str, body: str) -> str:
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=1280\"><link rel=\"icon\" href=\"data:,\">"
             f"<title>{esc(title)}</title><style>{_PAGE_STYLE}{_SVG_STYLE}</style></head><body>"
-            "<header><a href=\"/jobs\">Jobs</a><a href=\"/api/v1/incidents\">Incidents (JSON)</a>"
+            "<header><a href=\"/jobs\">Jobs</a><a href=\"/hosts\">Hosts</a>"
+            "<a href=\"/api/v1/incidents\">Incidents (JSON)</a>"
             f"<strong>Mycroft</strong></header><main>{body}</main></body></html>")
 
 
@@ -391,6 +404,8 @@ def incident_page(incident: dict[str, Any], api_base: str = "") -> str:
     if graph.get("chains"):
         body.append("<h2>Wait chains</h2><ul>" + "".join(f"<li>{esc(c)}</li>" for c in graph["chains"][:8])
                     + "</ul>")
+    if incident.get("actions"):
+        body.append(_actions_table(list(incident["actions"])))
     if incident.get("consequences"):
         body.append("<h2>What happened next (consequences)</h2><ul>" + "".join(
             f'<li>{esc(c.get("at"))}: rank {esc(c.get("rank"))} {esc(c.get("kind"))} - {esc(c.get("text", ""))}</li>'
@@ -441,6 +456,63 @@ def jobs_page(jobs: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> st
                     f'<td>{esc(inc.get("status"))}</td><td>{esc(_clip(root_cause_line(inc), 140))}</td></tr>')
     body.append("</table>")
     return _page("Jobs - Mycroft", "".join(body))
+
+
+def _actions_table(actions: list[dict[str, Any]]) -> str:
+    """What Mycroft did (or, observing, would have done) about the incident: its audit trail."""
+    rows = ["<h2>Actions</h2><table class=\"actions\" id=\"actions\"><tr><th>action</th><th>target</th>"
+            "<th>mode</th><th>result</th><th>at</th><th>detail</th></tr>"]
+    for a in actions[:32]:
+        result = str(a.get("result", ""))
+        rows.append(f'<tr data-action="{esc(a.get("action"))}" data-result="{esc(result)}"><td>{esc(a.get("action"))}'
+                    f'</td><td>{esc(a.get("target"))}</td><td>{esc(a.get("mode"))}</td>'
+                    f'<td><span class="result {esc(result)}">{esc(result)}</span></td><td>{esc(a.get("at"))}</td>'
+                    f'<td>{esc(_clip(a.get("detail", ""), 300))}</td></tr>')
+    return "".join(rows) + "</table>"
+
+
+def _days(daily: list[int]) -> str:
+    """The last 14 days, oldest on the left: one square per day, darker with more incidents."""
+    cells = []
+    for age, n in reversed(list(enumerate(daily))):
+        cls = "" if n <= 0 else f" n{min(n, 3)}"
+        cells.append(f'<span class="day{cls}" title="{age} day(s) ago: {n} incident(s)"></span>')
+    return "".join(cells)
+
+
+def hosts_page(hosts: list[dict[str, Any]]) -> str:
+    """The fleet memory: every host seen, suspects (lemon nodes) first, with what their ranks caused."""
+    suspects = [h for h in hosts if h.get("suspect")]
+    with_incidents = [h for h in hosts if h.get("incidents")]
+    acted = sum(1 for h in hosts for a in h.get("actions") or [] if a.get("result") in ("done", "observed"))
+    body = ["<h1>Hosts</h1><div class=\"muted\">every host a rank ran on, across jobs; a host is a suspect while "
+            "enough recent incidents named one of its ranks as the root cause (the list a launcher excludes: "
+            "<code>srun --exclude=$(curl .../api/v1/hosts/suspect?format=slurm)</code>)</div>",
+            f'<div class="tiles"><div class="tile"><b id="hosts-seen">{len(hosts)}</b>hosts seen</div>'
+            f'<div class="tile{" bad" if suspects else ""}"><b id="hosts-suspect">{len(suspects)}</b>suspects</div>'
+            f'<div class="tile"><b>{len(with_incidents)}</b>with root-cause incidents</div>'
+            f'<div class="tile"><b>{acted}</b>node actions (done / observed)</div></div>',
+            "<table class=\"hosts\" id=\"hosts\"><tr><th>host</th><th>suspect until</th><th>incidents</th>"
+            "<th>last 14 days</th><th>by kind</th><th>root causes</th><th>last incident</th><th>jobs</th>"
+            "<th>first / last seen</th><th>actions</th></tr>"]
+    for h in hosts[:1000]:
+        last = h.get("last_incident") or {}
+        link = (f'<a href="/incidents/{quote(str(last.get("id", "")))}">{esc(last.get("kind"))}</a> '
+                f'<span class="muted">{esc(last.get("at"))} in {esc(_clip(last.get("job", ""), 24))}</span>'
+                if last else "-")
+        chips = "".join(f'<span class="chip">{esc(k)} {int(n)}</span>' for k, n in (h.get("by_kind") or {}).items())
+        causes = "".join(f'<span class="chip">{esc(k)} {int(n)}</span>' for k, n in (h.get("by_cause") or {}).items())
+        acts = "; ".join(f'{a.get("action")} {a.get("result")}' for a in (h.get("actions") or [])[:3])
+        seen = f'{esc(h.get("first_seen") or "-")}<br>{esc(h.get("last_seen") or "-")}'
+        body.append(f'<tr class="host{" suspect" if h.get("suspect") else ""}" data-host="{esc(h.get("host"))}">'
+                    f'<td>{esc(h.get("host"))}</td><td>{esc(h.get("suspect_until") or "-")}</td>'
+                    f'<td>{int(h.get("incidents") or 0)}</td><td>{_days(list(h.get("daily") or []))}</td>'
+                    f'<td>{chips or "-"}</td><td>{causes or "-"}</td><td>{link}</td><td>{int(h.get("jobs") or 0)}</td>'
+                    f'<td class="muted">{seen}</td><td>{esc(acts) or "-"}</td></tr>')
+    body.append("</table>")
+    if len(hosts) > 1000:
+        body.append(f'<p class="muted">{len(hosts) - 1000} more hosts without incidents: /api/v1/hosts</p>')
+    return _page("Hosts - Mycroft", "".join(body))
 
 
 def standalone_graph_svg(incident: dict[str, Any]) -> str:

@@ -21,11 +21,15 @@ from mycroft.otlp import DecodeCache, SpanRecord, keep_only_named, keep_only_nam
 from mycroft.otlp_server import OtlpReceiver, split_host_port
 from mycroft.security_cli import warn_if_open
 
+from . import hosts as fleet
+from .action_policy import JobFacts, Policy
+from .actions import ActionRunner, job_facts
 from .alerts import SEND, STAND_DOWN, Alerter, alert_action, stood_down
 from .api import ApiServer
 from .config import AnalysisConfig
+from .directives import DirectiveBoard
 from .engine import Engine
-from .incidents import FIRING, REFRESHED
+from .incidents import FIRING, REFRESHED, Incident
 from .ingest import Forwarder, IngestQueue
 from .metrics import Metrics
 from .store import Store
@@ -60,6 +64,11 @@ class ServiceOptions:
     auth: Authenticator | None = None  # None: anyone who reaches a port may write and read
     tls: TlsFiles | None = None  # serves OTLP (gRPC, HTTP) and the API over TLS (mTLS with client_ca)
     limits: HttpLimits = field(default_factory=HttpLimits)  # of the OTLP receivers (the API has its own)
+    # --actions FILE (action_policy.py); None: no actions (the fleet memory's suspect rule is the default one)
+    actions: Policy | None = None
+    directive_max_wait_s: float = 60.0  # the longest a directive poll is held
+    hosts_every_s: float = 30.0  # how often the hosts of live jobs are noted in the fleet memory
+    fleet_retention_s: float = 30 * 86400.0
 
 
 #: cyclic-GC thresholds for a serving process (gc.set_threshold): the default first generation
@@ -72,6 +81,27 @@ class ServiceOptions:
 #: ranks, ~40 ms each): the fold's GC time went from 1.6 to 0.5 us per heartbeat (in process,
 #: 16k ranks, steady state; at 50k: every ~1 s, ~16 ms each, most of its objects still alive)
 SERVE_GC_THRESHOLDS = (200_000, 20, 20)
+
+
+#: per-host Prometheus series at most (suspects first, then the hosts with the most incidents): a
+#: fleet of 10k hosts must not become 10k series per metric
+MAX_HOST_SERIES = 200
+
+
+def raise_fd_limit(want: int = 65536) -> int:
+    """Raise the soft open-file limit towards `want` (capped by the hard one): every held directive
+    poll is a socket, and a 1024 soft limit is common. Returns the soft limit now."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        return int(soft)
+    except (ImportError, ValueError, OSError):
+        return -1
 
 
 #: the GIL's switch interval for a serving process (sys.setswitchinterval; CPython's default is
@@ -121,6 +151,12 @@ class RcaService:
                                      decode_cache=DecodeCache(), prefilter=self._shed_before_decode)
         self.alerter = Alerter(self.store, options.webhooks, options.alertmanager, options.webhook_secret,
                                options.external_url)
+        self.policy = options.actions or Policy()
+        self.board = DirectiveBoard()
+        self.board.load(self.store.directives(time.time()))
+        self.actions = ActionRunner(options.actions, self.store, self.board, on_done=self._action_done,
+                                    poll_window_s=2 * options.directive_max_wait_s + 5.0) \
+            if options.actions is not None else None
         try:
             self.api = ApiServer(self, options.http, auth=options.auth, tls=options.tls)
         except Exception:
@@ -130,6 +166,8 @@ class RcaService:
         self._loop = threading.Thread(target=self._run, name="mycroft-rca-analysis", daemon=True)
         self.started_at = time.time()
         self._last_refresh = 0.0
+        self._last_hosts = 0.0
+        self._last_prune = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RcaService:
@@ -138,6 +176,8 @@ class RcaService:
         self.ingest.start()
         self.receiver.start()
         self.alerter.start()
+        if self.actions is not None:
+            self.actions.start()
         self.api.start()
         self._loop.start()
         log.info("mycroft rca: OTLP gRPC %s, OTLP HTTP %s, API %s, db %s, auth %s, tls %s", self.receiver.grpc_port,
@@ -153,6 +193,8 @@ class RcaService:
         self.ingest.stop()
         self._stop.set()
         self._loop.join(timeout=5.0)
+        if self.actions is not None:
+            self.actions.stop()
         self.alerter.deliver_due()
         self.alerter.stop()
         if self.forwarder is not None:
@@ -207,6 +249,9 @@ class RcaService:
             events = self.engine.step(now)
             took = self.engine.last_pass.seconds
             jobs = len(self.engine.jobs)
+            # where each deciding incident's job runs, read while its state is at hand
+            facts = {e.incident.id: job_facts(self.engine.jobs.get(e.incident.job), e.incident) for e in events
+                     if self.actions is not None and e.action in ("fired", "updated")}
         self.metrics.note_analysis(took)
         self.metrics.set("mycroft_rca_analysis_seconds", took)
         self.metrics.set("mycroft_rca_jobs", jobs)
@@ -216,7 +261,16 @@ class RcaService:
                 if self.alerter.enabled else None
             if page is not None and event.action != "resolved":
                 incident.alerted = page == SEND
-            self.store.save(incident)  # before the alert: what was sent is always on record
+            planned = self.actions.plan(incident, facts.get(incident.id, JobFacts()), now) \
+                if self.actions is not None and incident.id in facts else []
+            # before the alert: what was sent is always on record; the actions it decided in the same transaction
+            self.store.save(incident, planned)
+            if planned:
+                assert self.actions is not None
+                self.actions.wake()
+                for action in planned:
+                    log.warning("action %s %s for incident %s: %s (%s)", action.action, action.target or "-",
+                                incident.id, action.result, action.detail[:300])
             self.metrics.inc("mycroft_rca_incident_events_total", action=event.action, kind=incident.kind)
             level = logging.DEBUG if event.action == REFRESHED else \
                 logging.WARNING if incident.severity != "info" else logging.INFO
@@ -226,6 +280,33 @@ class RcaService:
         if self.alerter.enabled and now - self._last_refresh >= self.options.alertmanager_refresh_s:
             self._last_refresh = now
             self.alerter.refresh([i for i in self.engine.tracker.active.values() if i.alerted], now)
+        if now - self._last_hosts >= self.options.hosts_every_s:
+            self._last_hosts = now
+            self.note_hosts()
+        if now - self._last_prune >= 3600.0:
+            self._last_prune = now
+            self.store.prune_fleet(now - max(self.options.fleet_retention_s, self.policy.suspects.window_s))
+
+    def note_hosts(self) -> None:
+        """Which hosts run which live jobs, into the fleet memory (hosts of healthy jobs are fleet too)."""
+        seen: dict[tuple[str, str], tuple[float, float]] = {}
+        with self._lock:  # ~16k ranks: a few ms, every hosts_every_s
+            for job_id, job in self.engine.jobs.items():
+                for rank in job.ranks.values():
+                    if not rank.host:
+                        continue
+                    key = (rank.host, job_id)
+                    first, last = seen.get(key, (rank.first_seen, rank.last_seen))
+                    seen[key] = (min(first, rank.first_seen), max(last, rank.last_seen))
+        if seen:
+            self.store.note_hosts_seen((host, job, first, last) for (host, job), (first, last) in seen.items())
+
+    def _action_done(self, incident_id: str) -> None:
+        """An action finished: receivers that were paged hear what was done (an update of the incident)."""
+        doc = self.store.get(incident_id)
+        if doc is None or not doc.get("alerted") or not self.alerter.enabled:
+            return
+        self.alerter.notify(Incident.from_dict(doc))
 
     def _run(self) -> None:
         wait = self.options.tick_s
@@ -247,10 +328,39 @@ class RcaService:
                        principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]:
         allowed = None if principal.all_jobs else principal.allows_job
         listed = self.store.list_incidents(limit, job, status, job_allowed=allowed)
-        return [{k: v for k, v in inc.items() if k != "view"} for inc in listed]  # drawings: on the page / GET one
+        actions = self.store.actions_of(str(inc["id"]) for inc in listed)
+        # drawings: on the page / GET one
+        return [{**{k: v for k, v in inc.items() if k != "view"}, "actions": actions[str(inc["id"])]} for inc in listed]
 
     def get_incident(self, incident_id: str) -> dict[str, Any] | None:
-        return self.store.get(incident_id)
+        incident = self.store.get(incident_id)
+        if incident is not None:
+            incident["actions"] = self.store.actions_of([incident_id])[incident_id]
+        return incident
+
+    @property
+    def directives(self) -> DirectiveBoard:
+        return self.board
+
+    @property
+    def max_directive_wait_s(self) -> float:
+        return self.options.directive_max_wait_s
+
+    def host_records(self, principal: Principal = ANONYMOUS_ADMIN) -> list[fleet.HostRecord]:
+        """The fleet memory folded (hosts.py), of the token's jobs only."""
+        now = time.time()
+        cfg = self.policy.suspects
+        seen, rows, actions = self.store.fleet(now - max(cfg.window_s, fleet.STRIP_DAYS * fleet.DAY_S))
+        if not principal.all_jobs:
+            seen = [s for s in seen if principal.allows_job(s.job)]
+            rows = [r for r in rows if principal.allows_job(r.job)]
+            ids = {r.incident for r in rows}
+            actions = [a for a in actions if a.incident in ids]
+        return fleet.fold(seen, rows, actions, now, cfg)
+
+    def hosts(self, principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]:
+        now = time.time()
+        return [record.to_dict(now) for record in self.host_records(principal)]
 
     def jobs(self, principal: Principal = ANONYMOUS_ADMIN) -> list[dict[str, Any]]:
         with self._lock:
@@ -271,6 +381,20 @@ class RcaService:
         self.metrics.set("mycroft_rca_alerts_sent", self.alerter.sent)
         self.metrics.set("mycroft_rca_alerts_failed_attempts", self.alerter.failed)
         self.metrics.set("mycroft_rca_alerts_suppressed", self.alerter.suppressed)
+        for (action, result), n in self.store.action_counts().items():
+            self.metrics.set("mycroft_rca_actions", n, action=action, result=result)
+        self.metrics.set("mycroft_rca_directive_polls_held", self.board.held())
+        self.metrics.set("mycroft_rca_directive_polls", self.board.polls)
+        self.metrics.set("mycroft_rca_directives_delivered", self.board.delivered)
+        records = self.host_records()
+        suspects = [r for r in records if r.suspect]
+        self.metrics.set("mycroft_rca_hosts", len(records), state="seen")
+        self.metrics.set("mycroft_rca_hosts", len(suspects), state="suspect")
+        top = [r for r in records if r.incidents][:MAX_HOST_SERIES]  # suspects sort first
+        self.metrics.replace_series("mycroft_rca_host_root_cause_incidents", "host",
+                                    {r.host: float(len(r.counted)) for r in top})
+        self.metrics.replace_series("mycroft_rca_host_suspect", "host",
+                                    {r.host: 1.0 for r in suspects[:MAX_HOST_SERIES]})
         return self.metrics.render(time.time())
 
     def _describe_metrics(self) -> None:
@@ -295,3 +419,12 @@ class RcaService:
         m.describe("mycroft_rca_alerts_sent", "gauge", "Alert deliveries accepted by a receiver since start")
         m.describe("mycroft_rca_alerts_failed_attempts", "gauge", "Alert delivery attempts that failed since start")
         m.describe("mycroft_rca_alerts_suppressed", "gauge", "Firing incidents not paged: too many firing at once")
+        m.describe("mycroft_rca_actions", "gauge", "Actions recorded by the action policy, by action and result")
+        m.describe("mycroft_rca_directive_polls_held", "gauge", "Directive long-polls held open now")
+        m.describe("mycroft_rca_directive_polls", "gauge", "Directive polls answered or held since start")
+        m.describe("mycroft_rca_directives_delivered", "gauge", "Directives handed to a poll since start")
+        m.describe("mycroft_rca_hosts", "gauge", "Hosts in the fleet memory (suspect: on the suspect list)")
+        m.describe("mycroft_rca_host_root_cause_incidents", "gauge",
+                   f"Per host (at most {MAX_HOST_SERIES}): incidents within the suspect window that named one of its "
+                   "ranks as the root cause with a counted cause kind")
+        m.describe("mycroft_rca_host_suspect", "gauge", "1 for each host on the suspect list")

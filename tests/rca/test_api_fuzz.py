@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from mycroft.rca_service.action_policy import parse_policy
 from mycroft.rca_service.openapi import OPENAPI
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
@@ -28,7 +29,9 @@ AUTH = Authenticator.from_mapping({"tokens": [{"token": TOKEN, "role": "admin"}]
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = Path(tmp_path_factory.mktemp("fuzz")) / "rca.db"
     service = RcaService(ServiceOptions(otlp_grpc=None, otlp_http=None, http="127.0.0.1:0", db=str(db),
-                                        tick_s=0.05, auth=AUTH)).start()
+                                        tick_s=0.05, auth=AUTH, directive_max_wait_s=0.2,
+                                        actions=parse_policy({"rules": [{"kinds": ["hang"],
+                                                                         "do": ["abort_job", "drain_node"]}]}))).start()
     job = StepJob("fuzz-job", 4, t0=time.time() - 5.0)  # one live job and one incident to describe
     service.ingest.sink(job.steps(20) + job.heartbeats(time.time(), not_entered=[2]))
     base = f"http://127.0.0.1:{service.api.port}"

@@ -1,0 +1,224 @@
+"""From verdict to action: plan with each incident event, run what is owed on a worker thread.
+
+`plan` reads what the store already holds for the incident and the recent actions of the
+fleet, and asks the pure `action_policy.decide`; the service writes the result in the same
+transaction as the incident event (store.save), so a decision is never lost nor made twice.
+The worker runs owed actions once due (a rule's `delay_s`): it marks one running, runs it,
+and records its result; after a restart, running ones are run again if idempotent (abort,
+drain, cordon) and recorded as interrupted if not (exec). An action whose incident resolved
+before it ran is cancelled. abort_job publishes a directive (store + directives.DirectiveBoard)
+that the job's ranks long-poll; drain_node / cordon_node / exec go through
+scheduler_actions (commands from argument lists, bounded in time, never raising).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mycroft import schema
+
+from . import scheduler_actions as sched
+from .action_policy import (
+    ABORT_JOB,
+    CANCELLED,
+    CORDON_NODE,
+    DONE,
+    DRAIN_NODE,
+    EXEC,
+    FAILED,
+    OWED,
+    RUNNING,
+    UNDELIVERABLE,
+    History,
+    JobFacts,
+    PlannedAction,
+    Policy,
+    decide,
+    paused,
+)
+from .directives import DirectiveBoard
+from .incidents import FIRING, Incident
+from .state import JobState
+from .store import ActionRow, Store, directive_dict
+
+log = logging.getLogger("mycroft.rca.actions")
+
+ABORT = "abort"  # the directive's action
+
+
+def job_facts(job: JobState | None, incident: Incident) -> JobFacts:
+    """Where the job runs, from its ranks' resources: the run, the SLURM job id (a root-cause rank's
+    first, else any rank's), the Kubernetes node of each root-cause host."""
+    if job is None:
+        return JobFacts()
+    causes = [c.get("rank") for c in incident.root_causes[:64]]
+    ranks = [job.ranks[r] for r in causes if isinstance(r, int) and r in job.ranks]
+    slurm = ""
+    for rank in [*ranks, *list(job.ranks.values())[:8]]:
+        value = (rank.resource or {}).get(schema.RES_SLURM_JOB_ID)
+        if value not in (None, ""):
+            slurm = str(value)
+            break
+    nodes = {rank.host: str(node) for rank in ranks
+             if rank.host and (node := (rank.resource or {}).get(schema.RES_KUBE_NODE_NAME))}
+    return JobFacts(run=job.run_id, slurm_job_id=slurm, kube_nodes=nodes)
+
+
+class ActionRunner:
+    """Plans actions (pure decide + the store's history) and runs the owed ones on its own thread."""
+
+    def __init__(self, policy: Policy, store: Store, board: DirectiveBoard, *,
+                 on_done: Callable[[str], None] | None = None, poll_window_s: float = 125.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.store = store
+        self.board = board
+        self.on_done = on_done  # incident id -> (a follow-up notification)
+        self.poll_window_s = poll_window_s  # a job whose ranks poll was polled within this (2 x max wait + slack)
+        self.clock = clock
+        self.started_at = clock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ deciding
+    def plan(self, incident: Incident, facts: JobFacts, now: float) -> list[PlannedAction]:
+        """What the policy says for this incident event (nothing when it cannot apply: no store read)."""
+        if not self.policy.rules or incident.consequence_of or incident.status != FIRING:
+            return []
+        record = incident.to_dict()
+        if paused(record):
+            return []
+        recorded, recent = self.store.action_history(incident.id, now - self.policy.longest_window_s)
+        return decide(record, self.policy, History(now, recorded, tuple(recent)), facts)
+
+    # ------------------------------------------------------------------ running
+    def start(self) -> ActionRunner:
+        again, interrupted = self.store.recover_actions(self.clock())
+        if again or interrupted:
+            log.warning("actions after a restart: %d owed again, %d exec interrupted (not run twice)",
+                        again, interrupted)
+        self._thread = threading.Thread(target=self._run, name="mycroft-rca-actions", daemon=True)
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_due()
+            except Exception:  # a bad row must not stop the others
+                log.exception("action pass failed")
+            due = self.store.next_due_at()
+            wait = 0.5 if due is None else min(0.5, max(0.02, due - self.clock()))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def run_due(self, now: float | None = None) -> int:
+        """Run every owed action that is due; how many ran."""
+        ran = 0
+        while not self._stop.is_set():
+            rows = self.store.due_actions(self.clock() if now is None else now, limit=1)
+            if not rows:
+                return ran
+            self.run_one(rows[0])
+            ran += 1
+        return ran
+
+    def run_one(self, row: ActionRow) -> str:
+        """Run one owed action and record its result (returned)."""
+        now = self.clock()
+        if not self.store.set_action(row.id, RUNNING, row.detail, now, expect=OWED):
+            return row.result  # someone else took it
+        doc = self.store.get(row.incident)
+        if doc is None or doc.get("status") != FIRING:
+            why = (doc or {}).get("evidence", {}).get("resolved_because", "gone") if doc else "not found"
+            result, detail = CANCELLED, f"incident {row.incident} resolved ({why}) before the action ran"
+            self.store.set_action(row.id, result, detail, self.clock())
+        elif row.action == ABORT_JOB:
+            result, detail = self._abort(row, now)
+        else:
+            result, detail = self._execute(row, doc)
+            self.store.set_action(row.id, result, detail, self.clock())
+        (log.warning if result in (DONE, UNDELIVERABLE) else log.error)(
+            "action %s %s for incident %s: %s (%s)", row.action, row.target, row.incident, result, detail[:300])
+        if self.on_done is not None:
+            try:
+                self.on_done(row.incident)
+            except Exception:
+                log.exception("follow-up of action %s failed", row.id)
+        return result
+
+    def _abort(self, row: ActionRow, now: float) -> tuple[str, str]:
+        params = row.params
+        job = str(params.get("job") or row.job)
+        run, reason = str(params.get("run") or ""), str(params.get("reason", ""))
+        exit_code, expires = int(params.get("exit_code", 1)), now + float(params.get("ttl_s", 600.0))
+        directive = {"job": job, "run": run, "incident": row.incident, "action": ABORT, "reason": reason,
+                     "exit_code": exit_code, "issued_at_unix": now, "expires_at_unix": expires}
+        polling, last = self.board.pollers(job, now, self.poll_window_s)
+        if polling:
+            result, detail = DONE, f"directive {{seq}} published: {polling} host(s) of job {job} poll directives"
+        elif now - self.started_at < self.poll_window_s:
+            result, detail = DONE, (f"directive {{seq}} published; no poll of job {job} seen in the "
+                                    f"{now - self.started_at:.0f}s since the service started")
+        else:
+            since = f"last poll {now - last:.0f}s ago" if last is not None else "never polled"
+            result, detail = UNDELIVERABLE, (
+                f"directive {{seq}} published, but no rank of job {job} polls /api/v1/directives ({since}): "
+                "ranks that reach the service only through a collector cannot receive it (docs/actions.md)")
+        seq = self.store.finish_with_directive(row, directive, result, detail, self.clock())
+        self.board.publish(directive_dict(seq, job, run, row.incident, ABORT, reason, exit_code, now, expires))
+        return result, detail.replace("{seq}", str(seq))
+
+    def _execute(self, row: ActionRow, incident: dict[str, Any]) -> tuple[str, str]:
+        params = row.params
+        if row.action == DRAIN_NODE:
+            slurm = self.policy.slurm
+            done = sched.slurm_drain(row.target, str(params.get("reason", "mycroft")), scontrol=slurm.scontrol,
+                                     timeout_s=slurm.timeout_s)
+            ok, parts = done.ok, [done.detail]
+            if params.get("requeue") or params.get("cancel"):
+                job_id = str(params.get("slurm_job_id") or "")
+                if not job_id:
+                    parts.append(f"no SLURM job id reported by the ranks ({schema.RES_SLURM_JOB_ID}): "
+                                 f"not {'requeued' if params.get('requeue') else 'cancelled'}")
+                else:
+                    more = sched.slurm_requeue(job_id, scontrol=slurm.scontrol, timeout_s=slurm.timeout_s) \
+                        if params.get("requeue") else \
+                        sched.slurm_cancel(job_id, scancel=slurm.scancel, timeout_s=slurm.timeout_s)
+                    ok = ok and more.ok
+                    parts.append(more.detail)
+            return (DONE if ok else FAILED), "; ".join(parts)
+        if row.action == CORDON_NODE:
+            kube = self.policy.kubernetes
+            if kube is None:
+                return FAILED, "no kubernetes section in the policy"
+            try:
+                with open(kube.token_file, encoding="utf-8") as f:
+                    token = f.read().strip()  # read each time: service-account tokens rotate
+            except OSError as exc:
+                return FAILED, f"kubernetes token {kube.token_file}: {exc.strerror or exc}"
+            done = sched.k8s_cordon(row.target, api_server=kube.api_server, token=token, ca_file=kube.ca_file,
+                                    timeout_s=kube.timeout_s)
+            return (DONE if done.ok else FAILED), done.detail
+        if row.action == EXEC:
+            payload = {"incident": {k: v for k, v in incident.items() if k != "view"},
+                       "action": {**row.to_dict(), "params": params}}
+            done = sched.run_exec([str(a) for a in params.get("argv", [])], json.dumps(payload, default=str).encode(),
+                                  float(params.get("timeout_s", 30.0)))
+            return (DONE if done.ok else FAILED), done.detail
+        return FAILED, f"unknown action {row.action!r}"

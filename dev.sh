@@ -47,6 +47,14 @@ services() {
       || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
       || echo "note: chromium could not be installed; the browser tests will be skipped" >&2
   fi
+  # SLURM and munge (Debian packages) for the single-node cluster the scheduler-action tests
+  # start themselves (tests/slurm_cluster.py); optional when not root.
+  if ! { command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null 2>&1 \
+      && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 \
+      || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q slurm-wlm munge >/dev/null 2>&1)) \
+      || echo "note: slurm-wlm / munge could not be installed; the SLURM cluster tests will be skipped" >&2
+  fi
 }
 
 cmd=${1:-help}

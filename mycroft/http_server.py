@@ -214,10 +214,14 @@ class HttpServer:
     def __init__(self, handler: Handler, host: str, port: int, limits: HttpLimits | None = None,
                  tls: TlsFiles | None = None, name: str = "mycroft-http",
                  head_check: HeadCheck | None = None,
-                 on_connection_refused: Callable[[], None] | None = None) -> None:
+                 on_connection_refused: Callable[[], None] | None = None,
+                 inline: Callable[[Request], bool] | None = None) -> None:
         self.limits = limits or HttpLimits()
         self._handler = handler
         self._head_check = head_check
+        # body-less requests this says yes to are handled on the event loop, without the hop to a worker
+        # thread (their handler must not block: in-memory lookups, like a long poll's first check)
+        self._inline = inline
         self._name = name
         self._tls = tls.server_context() if tls else None  # bad cert paths fail here, before binding
         self._on_refused = on_connection_refused
@@ -287,12 +291,15 @@ class HttpServer:
                 async with self._bodies:
                     request.body = await self._read_body(http)
                     response = await self._loop.run_in_executor(self._pool, self._call, request)
+            elif self._inline is not None and self._inline(request):
+                response = self._call(request)
             else:
                 response = await self._loop.run_in_executor(self._pool, self._call, request)
         except HttpError as exc:
             response = json_error(exc.status, exc.message, exc.headers)
         if isinstance(response, LongPoll):
-            response = await self._hold(response)
+            transport = http.transport
+            response = await self._hold(response, lambda: transport is None or transport.is_closing())
         reply = web.Response(status=response.status, body=response.body if http.method != "HEAD" else None,
                              headers=response.headers)
         reply.content_type = response.content_type.split(";", 1)[0]
@@ -304,7 +311,11 @@ class HttpServer:
             reply.force_close()  # an unread or half-read body must not be parsed as the next request
         return reply
 
-    async def _hold(self, poll: LongPoll) -> Response:
+    #: a held poll whose client went away is noticed within this (aiohttp does not cancel a handler
+    #: on disconnect): a client that reconnects in a loop cannot pile up held polls for a minute each
+    HOLD_CHECK_S = 10.0
+
+    async def _hold(self, poll: LongPoll, gone: Callable[[], bool]) -> Response:
         """Wait on the loop for the poll's answer: no thread is held, only this coroutine."""
         woken = asyncio.Event()
         loop = self._loop
@@ -327,10 +338,10 @@ class HttpServer:
                 if answer is not None:
                     return answer
                 left = deadline - loop.time()
-                if left <= 0:
+                if left <= 0 or gone():
                     return poll.on_timeout
                 try:
-                    async with asyncio.timeout(left):
+                    async with asyncio.timeout(min(left, self.HOLD_CHECK_S)):
                         await woken.wait()
                 except TimeoutError:
                     pass

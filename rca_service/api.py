@@ -201,7 +201,8 @@ class ApiServer:
                  tls: TlsFiles | None = None, limits: HttpLimits = API_LIMITS) -> None:
         host, port = split_host_port(address)
         handler = ApiHandler(backend, auth)
-        self._server = HttpServer(handler, host, port, limits, tls, "mycroft-rca-api", head_check=handler.head)
+        self._server = HttpServer(handler, host, port, limits, tls, "mycroft-rca-api", head_check=handler.head,
+                                  inline=lambda request: request.path == DIRECTIVES)  # no thread hop per poll
         self.port = self._server.port
 
     def start(self) -> ApiServer:

@@ -1,15 +1,21 @@
-"""The NCCL Flight Recorder's per-group frontier: a completion source for ops Mycroft holds no Work for.
+"""torch's Flight Recorder: the per-group frontier every issuer passes through.
 
-`torch._C._distributed_c10d._dump_nccl_trace_json(includeCollectives=False, onlyActive=False)`
-returns, per process group, the last enqueued / started / completed collective seq
-(`pg_status`; completed is advanced by ProcessGroupNCCL's watchdog, so it lags the device
-by up to its ~100 ms loop). Without the entries the dump is small (measured on the CPU
-simulator, docs/instrumentation.md), so the runtime reads it only when some op needs it —
-functional collectives (they run in C++: no Work reaches Python), ops whose Work was
-released to bound memory, and collectives issued by C++ (DDP's reducer on NCCL, where
-Mycroft does not hook it): their seqs show up enqueued but unknown to Python, and the
-entries of an `onlyActive` dump (in flight only) name them — and once per heartbeat as a
-cross-check (`mycroft.hb.group.fr_completed`).
+Every c10d collective reaches a ProcessGroup, whatever issued it: a Python call, DDP's C++
+reducer (bucket all-reduce, per-forward buffer broadcast, unused-parameter bitmap), the
+functional collectives of DTensor and of compiled graphs (torch.ops._c10d_functional.*),
+funcol's own autograd, coalesced blocks (allreduce_coalesced, `_coalescing_manager`). The
+ProcessGroup records each one in its Flight Recorder, on every backend torch 2.13 ships
+(gloo and NCCL; the CPU simulator plays NCCL's), and keeps per group the last enqueued /
+started / completed collective seq (`pg_status`). Reading only that part is small
+(~0.06 ms), so it costs the training thread nothing: the runtime thread reads it a few
+times a second. A seq enqueued but not completed that no Python call of ours issued came
+from one of those issuers; an entries dump (~50 ms at torch's default 2,000 entries, so
+taken only when such an op stays open) names it: op, size, dtype, enqueue time.
+
+Dumps: `_dump_fr_trace_json` (every backend but NCCL) and `_dump_nccl_trace_json` (NCCL,
+whose completed seq is advanced by ProcessGroupNCCL's watchdog, ~100 ms behind the device).
+Gloo never retires entries (state stays "scheduled"), so `onlyActive` does not filter
+there: the frontier does.
 """
 
 from __future__ import annotations
@@ -103,35 +109,59 @@ def nccl_dump_function() -> Callable[..., Any] | None:
         return None
 
 
-class FrontierReader:
-    """Reads pg_status on demand; gives up quietly (once logged) when the dump fails."""
+def dump_functions() -> list[Callable[..., Any]]:
+    """The Flight Recorder dumps of this torch: the generic one (gloo, ...) first, then NCCL's."""
+    found: list[Callable[..., Any]] = []
+    try:
+        import torch
 
-    def __init__(self, dump: Callable[..., Any] | None = None) -> None:
-        self._dump = dump if dump is not None else nccl_dump_function()
+        generic = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+        if generic is not None:
+            found.append(generic)
+    except Exception:
+        pass
+    nccl = nccl_dump_function()
+    if nccl is not None:
+        found.append(nccl)
+    return found
+
+
+class FrontierReader:
+    """Reads pg_status on demand from every dump torch has; a dump that fails is dropped (logged once).
+
+    A later dump wins for a group both report (NCCL's is the truth for NCCL groups).
+    """
+
+    def __init__(self, dump: Callable[..., Any] | None = None,
+                 dumps: list[Callable[..., Any]] | None = None) -> None:
+        self._dumps = [dump] if dump is not None else (dumps if dumps is not None else dump_functions())
         self.reads = 0
-        self._failed = False
+        self.entry_reads = 0
 
     @property
     def available(self) -> bool:
-        return self._dump is not None and not self._failed
+        return bool(self._dumps)
 
     def read(self) -> dict[str, tuple[int, int]]:
         """{pg name: (last enqueued, last completed)}: pg_status only (small)."""
-        return self._call(False, parse_pg_status, {})
+        merged: dict[str, tuple[int, int]] = {}
+        for part in self._call(False, parse_pg_status):
+            merged.update(part)
+        self.reads += 1
+        return merged
 
     def read_active(self) -> list[FrEntry]:
-        """The collectives the Flight Recorder holds as in flight (entries, onlyActive)."""
-        return self._call(True, parse_active, [])
+        """The collectives the Flight Recorder holds as not completed (entries; onlyActive)."""
+        self.entry_reads += 1
+        return [entry for part in self._call(True, parse_active) for entry in part]
 
-    def _call(self, entries: bool, parse: Callable[[Any], Any], empty: Any) -> Any:
-        if not self.available:
-            return empty
-        assert self._dump is not None
-        try:
-            text = self._dump(entries, entries)  # includeCollectives, onlyActive
-            self.reads += 1
-            return parse(text)
-        except Exception as exc:
-            self._failed = True
-            log.info("mycroft: NCCL Flight Recorder unavailable (%r); its cross-check is off", exc)
-            return empty
+    def _call(self, entries: bool, parse: Callable[[Any], Any]) -> list[Any]:
+        out = []
+        for dump in list(self._dumps):
+            try:
+                out.append(parse(dump(entries, entries)))  # includeCollectives, onlyActive
+            except Exception as exc:
+                self._dumps.remove(dump)
+                log.info("mycroft: a Flight Recorder dump is unavailable (%r); Mycroft sees only the "
+                         "collectives issued from Python through it", exc)
+        return out

@@ -10,6 +10,7 @@ torch.distributed is initialised, so a script that never initialises it runs as 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Collection
 from typing import Any
 
@@ -33,6 +34,7 @@ class MycroftInstrumentor(BaseInstrumentor):
 
     _recorder: Recorder | None = None
     _runtime: Any = None
+    _startup: Any = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("torch >= 2.4",)
@@ -57,13 +59,32 @@ class MycroftInstrumentor(BaseInstrumentor):
         base_resource = getattr(provider, "resource", None) if provider is not None else None
         exporter = kwargs.get("span_exporter")
 
+        startup = None
+        if not dist.is_initialized():
+            try:  # heartbeats from process start, where the launcher tells who we are
+                from mycroft.instrumentation.startup import StartupReporter, launch_facts
+
+                facts = launch_facts(os.environ)
+                if facts is not None:
+                    startup = StartupReporter(facts, config, base_resource, exporter, deliver)
+            except Exception as exc:
+                log.info("mycroft: no start-up heartbeats (%r)", exc)
+        self._startup = startup
+
+        def entering_init() -> None:
+            if self._startup is not None:
+                from mycroft import schema
+
+                self._startup.enter(schema.PHASE_RENDEZVOUS)
+
         def start_runtime() -> None:
             if self._runtime is not None:
                 return
             from mycroft.instrumentation.runtime import Runtime
 
+            early, self._startup = self._startup, None
             self._runtime = Runtime(config, recorder, exporter=exporter, deliver=deliver,
-                                    base_resource=base_resource)
+                                    base_resource=base_resource, startup=early)
 
         def stop_runtime() -> None:
             runtime, self._runtime = self._runtime, None
@@ -72,7 +93,7 @@ class MycroftInstrumentor(BaseInstrumentor):
                 runtime.shutdown()
             recorder.groups.reset()
 
-        patching.install(self._patcher, recorder, config.ddp_hook, start_runtime, stop_runtime)
+        patching.install(self._patcher, recorder, config.ddp_hook, start_runtime, stop_runtime, entering_init)
         if dist.is_initialized():
             start_runtime()
 
@@ -84,6 +105,9 @@ class MycroftInstrumentor(BaseInstrumentor):
         if runtime is not None:
             runtime.final(exit_reason="uninstrument")
             runtime.shutdown()
+        startup, self._startup = getattr(self, "_startup", None), None
+        if startup is not None:
+            startup.stop()
         self._recorder = None
 
     @property

@@ -54,7 +54,9 @@ C10D_SPECS: tuple[OpSpec, ...] = (
            root=(1, "dst"), group_root=(5, "group_dst"), reduce_op=(2, "op")),
     OpSpec("gather", schema.OP_GATHER, (0, "tensor"), (3, "group"), (4, "async_op"),
            root=(2, "dst"), group_root=(5, "group_dst")),
-    OpSpec("scatter", schema.OP_SCATTER, (1, "scatter_list"), (3, "group"), (4, "async_op"),
+    # payload: the output chunk, which every rank has (non-source ranks pass no scatter_list), so the
+    # signature (op, bytes, dtype) is the same on every member
+    OpSpec("scatter", schema.OP_SCATTER, (0, "tensor"), (3, "group"), (4, "async_op"),
            root=(2, "src"), group_root=(5, "group_src")),
     OpSpec("all_to_all", schema.OP_ALL_TO_ALL, (1, "input_tensor_list"), (2, "group"), (3, "async_op")),
     OpSpec("all_to_all_single", schema.OP_ALL_TO_ALL, (1, "input"), (4, "group"), (5, "async_op")),
@@ -67,7 +69,27 @@ C10D_SPECS: tuple[OpSpec, ...] = (
            always_async=True, is_send=True),
     OpSpec("irecv", schema.OP_RECV, (0, "tensor"), (2, "group"), peer=(1, "src"), group_peer=(4, "group_src"),
            always_async=True),
+    # one C++ collective each (one seq); async: all_reduce_coalesced returns a Future, not a Work
+    OpSpec("all_reduce_coalesced", schema.OP_ALL_REDUCE, (0, "tensors"), (2, "group"), (3, "async_op"),
+           reduce_op=(1, "op")),
+    OpSpec("all_gather_coalesced", schema.OP_ALL_GATHER, (1, "input_tensor_list"), (2, "group"), (3, "async_op")),
 )
+
+# torch.distributed only (a C++ function): DDP's parameter broadcast at construction and its
+# per-forward buffer broadcast. Several broadcasts of at most buffer_size bytes each: the op is
+# recorded once, with the seq of the first; the Flight Recorder's frontier covers the rest.
+C10D_ONLY_IN_DIST: tuple[OpSpec, ...] = (
+    OpSpec("_broadcast_coalesced", schema.OP_BROADCAST, (1, ""), (0, ""), group_root=(3, "")),
+)
+
+# _coalescing_manager: the block's ops, by the function torch recorded for each, are one collective
+COALESCED_OPS: dict[str, str] = {
+    "all_reduce": schema.OP_ALL_REDUCE,
+    "all_gather_into_tensor": schema.OP_ALL_GATHER,
+    "all_gather_single": schema.OP_ALL_GATHER,
+    "reduce_scatter_tensor": schema.OP_REDUCE_SCATTER,
+    "reduce_scatter_single": schema.OP_REDUCE_SCATTER,
+}
 
 # torch.distributed._functional_collectives (DTensor, torch.compile-friendly API).
 # The group argument may be a ProcessGroup, a group name, a DeviceMesh or (mesh, dim).

@@ -14,15 +14,46 @@ Wrapped:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from mycroft.instrumentation.ops import C10D_SPECS, FUNCOL_SPECS, NO_ARG, ArgRef, OpSpec
+from mycroft.instrumentation.ops import (
+    C10D_ONLY_IN_DIST,
+    C10D_SPECS,
+    COALESCED_OPS,
+    FUNCOL_SPECS,
+    NO_ARG,
+    ArgRef,
+    OpSpec,
+)
 from mycroft.instrumentation.recorder import OpRecord, Recorder
 
 log = logging.getLogger("mycroft.instrumentation")
+
+
+def _never_compiling() -> bool:
+    return False
+
+
+def compiling_check() -> Callable[[], bool]:
+    """torch.compiler.is_compiling (~0.1 us), or a stand-in on a torch without it.
+
+    Every wrapper asks it first and, while Dynamo traces, is nothing but the original call:
+    Dynamo then sees torch's own function (remapped to a functional collective, or traced
+    into) instead of our bookkeeping, so no graph break is added and fullgraph=True works.
+    The compiled graph's collectives run as torch.ops._c10d_functional.* at run time; the
+    Flight Recorder's frontier sees them (runtime.py).
+    """
+    try:
+        import torch
+
+        return torch.compiler.is_compiling
+    except Exception:
+        return _never_compiling
 
 _MARK = "__mycroft_wrapped__"
 
@@ -105,9 +136,12 @@ def _device_sync_call(recorder: Recorder, spec: OpSpec, original: Callable[..., 
 def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
     api = C10D_PREFIX + spec.api
     depth = recorder.depth  # read directly: this is the hot path
+    compiling = compiling_check()
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return original(*args, **kwargs)
         if depth.value:
             result = original(*args, **kwargs)
             if depth.capture is not None and result is not None:
@@ -137,10 +171,11 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
     by_api = {spec.api: spec for spec in C10D_SPECS}
 
     depth = recorder.depth
+    compiling = compiling_check()
 
     @functools.wraps(original)
     def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
-        if depth.value:
+        if compiling() or depth.value:
             return original(p2p_op_list, *args, **kwargs)
         records = []
         try:
@@ -182,10 +217,11 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
 
     api = FUNCOL_PREFIX + spec.api
     depth = recorder.depth
+    compiling = compiling_check()
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if depth.value:
+        if compiling() or depth.value:
             return original(*args, **kwargs)
         record = None
         try:
@@ -211,14 +247,86 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
 
 
 def _wait_tensor_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    compiling = compiling_check()
+
     @functools.wraps(original)
     def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return original(tensor, *args, **kwargs)
         result = original(tensor, *args, **kwargs)
         if recorder.funcol_pending:
             recorder.tensor_waited(tensor)
         return result
 
     return wrapper
+
+
+COALESCING_API = C10D_PREFIX + "_coalescing_manager"
+
+
+def _coalescing_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    """`_coalescing_manager` (Megatron's grad reduce-scatter / param all-gather): one op per block.
+
+    Inside the block torch only queues the ops (each returns an `_IllegalWork`); at the block's
+    end it issues one coalesced C++ collective with one seq, and with async_ops=True hands its
+    Work to `cm.wait()`. So the ops inside run unrecorded, and the block is recorded once, just
+    before torch issues it: its own seq, the queued ops' bytes, and the block's real completion
+    (its Work; on device-async groups the poller or the Flight Recorder's frontier).
+    """
+    compiling = compiling_check()
+    depth = recorder.depth
+
+    @functools.wraps(original)
+    @contextlib.contextmanager
+    def wrapper(group: Any = None, device: Any = None, async_ops: bool = False) -> Any:
+        context = original(group, device, async_ops)
+        if compiling() or depth.value:
+            with context as manager:
+                yield manager
+            return
+        manager = context.__enter__()
+        depth.value += 1
+        try:
+            yield manager
+        except BaseException:
+            depth.value -= 1
+            if not context.__exit__(*sys.exc_info()):
+                raise
+            return
+        depth.value -= 1
+        record = _begin_block(recorder, group, async_ops)
+        try:
+            context.__exit__(None, None, None)
+        except BaseException as exc:
+            if record is not None:
+                recorder.failed(record, exc)
+            raise
+        if record is not None:
+            works = getattr(manager, "works", None) or []
+            work = works[-1] if async_ops and works else None
+            if record.device:
+                recorder.completion.add(record, work)  # None: the frontier completes it
+            else:
+                recorder.issued(record, work)
+
+    return wrapper
+
+
+def _begin_block(recorder: Recorder, group: Any, async_ops: bool) -> OpRecord | None:
+    """The record of a coalesced block, from the ops torch queued for it (before it issues them)."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        pg = group if group is not None else c10d._get_default_group()
+        queued = c10d._world.pg_coalesce_state.get(pg) or []
+        names = {getattr(item.op, "__name__", "") for item in queued}
+        op = COALESCED_OPS.get(next(iter(names)), "") if len(names) == 1 else ""
+        reduce_op = queued[0].redop if queued else None
+        return recorder.begin_block(op or "coalesced", pg, [item.tensor for item in queued], reduce_op, async_ops,
+                                    COALESCING_API)
+    except Exception as exc:
+        recorder._note_error("_coalescing_manager", exc)
+        return None
 
 
 # ------------------------------------------------------------------ DDP
@@ -331,19 +439,28 @@ def _ddp_builtin_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any
 
 
 def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
-            on_init: Callable[[], None], on_destroy: Callable[[], None]) -> None:
+            on_init: Callable[[], None], on_destroy: Callable[[], None],
+            on_init_start: Callable[[], None] | None = None) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     for spec in C10D_SPECS:
         for owner in (c10d, dist):
             patcher.replace(owner, spec.api, functools.partial(_collective_wrapper, recorder, spec))
+    for spec in C10D_ONLY_IN_DIST:
+        patcher.replace(dist, spec.api, functools.partial(_collective_wrapper, recorder, spec))
     for owner in (c10d, dist):
         patcher.replace(owner, "batch_isend_irecv", lambda original: _batch_wrapper(recorder, original))
+        patcher.replace(owner, "_coalescing_manager", lambda original: _coalescing_wrapper(recorder, original))
 
     def init_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if on_init_start is not None:
+                try:
+                    on_init_start()
+                except Exception as exc:
+                    recorder._note_error("init_process_group", exc)
             result = original(*args, **kwargs)
             try:
                 on_init()

@@ -191,13 +191,34 @@ class Recorder:
             if spec.payload[1]:
                 record.bytes, record.dtype = payload_info(arg(args, kwargs, spec.payload))
             record.async_op = spec.always_async or bool(arg(args, kwargs, spec.async_op, False))
-            if not self.inflight:
-                self.comm_since_ns = start
-            self.inflight[id(record)] = record
-            self.last_activity_ns = start
+            self._track(record, start)
             return record
         except Exception as exc:
             self._note_error(spec.api, exc)
+            return None
+
+    def _track(self, record: OpRecord, start: int) -> None:
+        if not self.inflight:
+            self.comm_since_ns = start
+        self.inflight[id(record)] = record
+        self.last_activity_ns = start
+
+    def begin_block(self, op: str, group: Any, tensors: list[Any], reduce_op: Any, async_op: bool,
+                    api: str) -> OpRecord | None:
+        """A coalesced block (`_coalescing_manager`): one collective, one seq, issued at the block's end."""
+        try:
+            info = self.groups.resolve(group)
+            if info is None:
+                return None
+            start = _now_ns()
+            record = OpRecord(api, op, info, info.next_collective_seq(), start)
+            record.bytes, record.dtype = payload_info(tensors)
+            record.reduce_op = reduce_op
+            record.async_op = async_op
+            self._track(record, start)
+            return record
+        except Exception as exc:
+            self._note_error("coalescing block", exc)
             return None
 
     def issued(self, record: OpRecord, result: Any, count_p2p: bool = True, work: Any = _NO_WORK) -> None:
@@ -218,7 +239,10 @@ class Recorder:
             if record.device:
                 if work is _NO_WORK:
                     work = result[0] if isinstance(result, list) and result else result
-                if work is None or isinstance(work, (list, int)):  # nothing to poll: as before
+                if work is not None and not hasattr(work, "is_completed"):
+                    # a Future (all_reduce_coalesced): done at enqueue on NCCL; the frontier decides
+                    self.completion.add(record, None)
+                elif work is None or isinstance(work, (list, int)):  # nothing to poll: as before
                     self.complete(record, timing=schema.TIMING_POLLED)
                 else:
                     self.completion.add(record, work)
@@ -269,7 +293,9 @@ class Recorder:
     def _watch(self, record: OpRecord, work: Any) -> None:
         """Completion callback on the op's future; pollers fall back to is_completed()."""
         try:
-            future = work.get_future()
+            future = work.get_future() if hasattr(work, "get_future") else work  # a Future already
+            if not hasattr(future, "add_done_callback"):
+                future = None
         except Exception:
             future = None
         if future is not None:
@@ -329,6 +355,10 @@ class Recorder:
                 done = True
             if done:
                 self.complete(record, timing=schema.TIMING_POLLED)
+            elif record.op not in schema.P2P_OPS and 0 < record.seq <= record.group.fr_completed:
+                # gloo's coalesced Works (allreduce_coalesced, `_coalescing_manager`) never report
+                # completion and have no future: the Flight Recorder's frontier says when they finished
+                self.complete(record, timing=schema.TIMING_FLIGHT_RECORDER)
             else:
                 self.pending_works.append((record, work))
 

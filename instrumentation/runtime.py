@@ -30,6 +30,7 @@ from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, keep_op, op_span, readable
+from mycroft.instrumentation.startup import launch_facts, launch_resource, named_resource
 from opentelemetry.sdk.resources import Resource
 
 from mycroft import schema
@@ -39,6 +40,8 @@ log = logging.getLogger("mycroft.instrumentation")
 
 JOB_ID_STORE_KEY = "mycroft/job_id"
 NATIVE_HOLD_S = 3.0  # native records of a communicator wait this long for its group mapping
+FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.06 ms each) and new-group scans
+ENTRY_DUMP_GAP_S = 1.0  # at most one entries dump (~50 ms at 2,000 entries) per this many seconds
 RUN_ID_STORE_KEY = "mycroft/run_id"
 # Frames of Mycroft's own code are dropped from reported stacks: the instrumentation and the
 # top-level mycroft modules, but not mycroft.faults (its jobs are the user code under test).
@@ -126,7 +129,7 @@ class Runtime:
     """Owns the background thread of one process."""
 
     def __init__(self, config: MycroftConfig, recorder: Recorder, exporter: Any = None,
-                 deliver: Any = None, base_resource: Resource | None = None) -> None:
+                 deliver: Any = None, base_resource: Resource | None = None, startup: Any = None) -> None:
         import torch.distributed as dist
 
         self.config = config
@@ -134,17 +137,26 @@ class Runtime:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         recorder.world_rank = self.rank
-        self.job_id = negotiate_job_id(config.job_id)
+        facts = startup.facts if startup is not None else launch_facts(os.environ)
+        if facts is not None and (facts.rank != self.rank or facts.world_size != self.world_size):
+            facts = None  # the script set its own ranks: the launcher's facts are not this process's
+        self.job_id = negotiate_job_id(config.job_id or (facts.job_id if facts is not None else None))
         self.run_id = negotiate_run_id()
+        self.launch = facts
         self.resource = self._resource(base_resource)
-        if exporter is None and deliver is None:
-            exporter = exporter_from_env()
-        self.shipper = Shipper(exporter, self.resource, config.queue_size, config.export_batch,
-                               config.export_delay_s, deliver=deliver)
+        if startup is not None:  # the start-up reporter's Shipper goes on, now with the full resource
+            self._hb_counter, self.shipper = startup.hand_over()
+            self.shipper.resource = self.resource
+        else:
+            if exporter is None and deliver is None:
+                exporter = exporter_from_env()
+            self.shipper = Shipper(exporter, self.resource, config.queue_size, config.export_batch,
+                                   config.export_delay_s, deliver=deliver)
         self._rng = random.Random()
+        self._hb_counter = self._hb_counter if startup is not None else 0  # one process, one sequence
+        self._beat_since_init = False
         self.sampled_out = 0  # op spans the diet did not send (MYCROFT_OP_SPAN_SAMPLE)
         self._digests = SignatureDigests()  # what the RCA compares when op spans are sampled
-        self._hb_counter = 0
         self._last_hb_ns = time.time_ns()
         self._stop = threading.Event()
         self._final_sent = threading.Lock()
@@ -152,7 +164,12 @@ class Runtime:
         self._signal_after_final = 0  # a signal that arrived while a final flush was running
         self._native: Any = None
         self._native_next_try = 0.0
-        self._frontier: FrontierReader | None = None  # NCCL Flight Recorder, read only for device-async groups
+        self._frontier = FrontierReader()  # every issuer's per-group frontier (flight_recorder.py)
+        self._next_frontier = 0.0
+        self._pg_count = -1  # torch's group count at the last scan: new groups register when created
+        # (gid, seq) open in the Flight Recorder that Python did not issue -> when first seen
+        self._unknown_open: dict[tuple[str, int], float] = {}
+        self._next_entry_dump = 0.0
         # recent collectives of device-async groups: the evidence that maps NCCL communicators to groups
         self._py_ops: collections.deque[PyOp] = collections.deque(maxlen=512)
         self._fr_ops: dict[tuple[str, int], OpRecord] = {}  # collectives only the Flight Recorder saw
@@ -166,7 +183,8 @@ class Runtime:
 
     # ------------------------------------------------------------------ setup
     def _resource(self, base: Resource | None) -> Resource:
-        attributes: dict[str, AttrValue] = {
+        attributes: dict[str, AttrValue] = launch_resource(self.launch) if self.launch is not None else {}
+        attributes.update({
             schema.RES_JOB_ID: self.job_id,
             schema.RES_RUN_ID: self.run_id,
             schema.RES_RANK: self.rank,
@@ -175,12 +193,10 @@ class Runtime:
             schema.RES_HOST_NAME: socket.gethostname(),
             schema.RES_PROCESS_PID: os.getpid(),
             schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
-        }
-        detected = base if base is not None else Resource.create({})
-        service = str(detected.attributes.get(schema.RES_SERVICE_NAME, ""))
-        if not service or service.startswith("unknown_service"):  # nobody named it: the job does
-            attributes[schema.RES_SERVICE_NAME] = self.job_id
-        return detected.merge(Resource(attributes))
+        })
+        if os.environ.get("SLURM_JOB_ID"):
+            attributes[schema.RES_SLURM_JOB_ID] = os.environ["SLURM_JOB_ID"]
+        return named_resource(base, attributes, self.job_id)
 
     def _install_signal_handlers(self) -> None:
         """Catchable termination signals get a final heartbeat before the process dies."""
@@ -259,7 +275,12 @@ class Runtime:
             os._exit(128 + caught[0])
 
     def _step(self) -> None:
-        if self.recorder.funcol_device or self._fr_ops or self.recorder.completion.workless_groups():
+        now_s = time.monotonic()
+        if now_s >= self._next_frontier:
+            self._next_frontier = now_s + FRONTIER_PERIOD_S
+            self._register_groups()
+            self._read_frontier()
+        elif self.recorder.funcol_device or self._fr_ops or self.recorder.completion.workless_groups():
             self._read_frontier()
         self.recorder.poll_pending()
         self._drain_ops()
@@ -267,7 +288,8 @@ class Runtime:
         now = time.time_ns()
         # the first heartbeat goes out at once (init): a rank that dies before its first
         # interval is over must still be known to the RCA as a heartbeating rank
-        if self._hb_counter == 0 or now - self._last_hb_ns >= self.config.heartbeat_interval_s * 1e9:
+        if not self._beat_since_init or now - self._last_hb_ns >= self.config.heartbeat_interval_s * 1e9:
+            self._beat_since_init = True
             self.shipper.submit([self._heartbeat(now)], urgent=True)
 
     def _drain_ops(self) -> None:
@@ -331,13 +353,26 @@ class Runtime:
         for comm_hash, mapping in match_comms(comms, reader.held_collectives(), groups, ops).items():
             reader.map_comm(comm_hash, mapping.gid, mapping.ranks, mapping.seq_offset)
 
+    def _register_groups(self) -> None:
+        """Groups register when torch creates them (new_group, split_group, DeviceMesh), not at their
+        first Python call: a group only compiled code or C++ uses is still in the heartbeats."""
+        try:
+            import torch.distributed.distributed_c10d as c10d
+
+            names = c10d._world.pg_names
+            if len(names) == self._pg_count:
+                return
+            self._pg_count = len(names)
+            for pg in list(names):
+                self.recorder.groups.resolve(pg)
+        except Exception as exc:
+            self.recorder._note_error("group scan", exc)
+
     def _read_frontier(self) -> None:
-        """The Flight Recorder's frontier per device-async group, and what it completes or reveals."""
-        groups = [info for info in self.recorder.groups.all() if info.device_async]
-        if not groups:
+        """Every group's Flight Recorder frontier, and what it completes or reveals."""
+        groups = self.recorder.groups.all()
+        if not groups or not self._frontier.available:
             return
-        if self._frontier is None:
-            self._frontier = FrontierReader()
         status = self._frontier.read()
         if not status:
             return
@@ -353,32 +388,53 @@ class Runtime:
         self._cover_cpp_ops(groups)
 
     def _cover_cpp_ops(self, groups: list[Any]) -> None:
-        """Collectives issued in C++ (DDP's reducer on NCCL): in flight from the FR's entries, done by its frontier.
+        """Collectives no Python call of ours issued (C++, compiled code, torch.ops, coalesced blocks):
+        in flight from the FR's entries, done by its frontier.
 
         A seq the Flight Recorder has enqueued but not completed, which no Python call of ours
-        issued, came from C++. Its entry (an onlyActive dump: in-flight ops only) gives op,
-        size and enqueue time; it is then in flight in the heartbeats like any op, and its span
-        (mycroft.source = flight_recorder) ends when the frontier passes it.
+        issued, came from elsewhere. Its entry gives op, size and enqueue time; it is then in
+        flight in the heartbeats like any op, and its span (mycroft.source = flight_recorder)
+        ends when the frontier passes it. On device-async groups (NCCL) the entries are read at
+        once (onlyActive is small there); on host-synchronous ones (gloo, whose entries never
+        retire) only once such a seq stayed open across two frontier reads, at most once per
+        ENTRY_DUMP_GAP_S: a healthy job's C++ ops finish long before.
         """
         recorder = self.recorder
         for key, record in list(self._fr_ops.items()):
             if record.group.fr_completed >= record.seq:
                 del self._fr_ops[key]
                 recorder.complete(record, timing=schema.TIMING_FLIGHT_RECORDER)
+        for info in groups:  # the frontier is the truth for what it saw, whoever issued it
+            if not info.device_async and info.fr_completed > info.completed and \
+                    not any(r.group is info and r.seq <= info.fr_completed for r in recorder.snapshot_inflight()):
+                info.completed = info.fr_completed
+                info.issued = max(info.issued, info.fr_completed)
         open_groups = [info for info in groups if info.fr_enqueued > info.fr_completed]
-        if not open_groups or self._frontier is None:
+        if not open_groups:
+            self._unknown_open.clear()
             return
         known = {(op.gid, op.seq) for op in self._py_ops}
-        known.update((r.group.gid, r.seq) for r in recorder.snapshot_inflight())
-        known.update((r.group.gid, r.seq) for r in list(recorder.queue))
+        known.update((r.group.gid, r.seq) for r in recorder.snapshot_inflight() if r.op not in schema.P2P_OPS)
+        known.update((r.group.gid, r.seq) for r in list(recorder.queue) if r.op not in schema.P2P_OPS)
         known.update(self._fr_ops)
-        if all((info.gid, seq) in known for info in open_groups
-               for seq in range(info.fr_completed + 1, info.fr_enqueued + 1)):
+        unknown = [(info, seq) for info in open_groups
+                   for seq in range(max(info.fr_completed, info.completed) + 1, info.fr_enqueued + 1)
+                   if (info.gid, seq) not in known]
+        now_s = time.monotonic()
+        seen = {(info.gid, seq): self._unknown_open.get((info.gid, seq), now_s) for info, seq in unknown}
+        self._unknown_open = seen
+        if not unknown:
             return
-        by_name = {info.name: info for info in open_groups}
+        ripe = any(info.device_async or now_s - seen[(info.gid, seq)] >= FRONTIER_PERIOD_S * 0.9
+                   for info, seq in unknown)
+        if not ripe or now_s < self._next_entry_dump:
+            return
+        self._next_entry_dump = now_s + ENTRY_DUMP_GAP_S
+        by_name = {info.name: info for info, _ in unknown}
+        wanted = {(info.gid, seq) for info, seq in unknown}
         for entry in self._frontier.read_active():
             info = by_name.get(entry.group)
-            if info is None or entry.seq <= info.fr_completed or (info.gid, entry.seq) in known:
+            if info is None or (info.gid, entry.seq) not in wanted:
                 continue
             record = OpRecord(f"{schema.SOURCE_FLIGHT_RECORDER}:{entry.op}", entry.op, info, entry.seq,
                               entry.created_ns or time.time_ns())
@@ -398,14 +454,14 @@ class Runtime:
     # ------------------------------------------------------------------ heartbeats
     def _heartbeat(self, now: int, final_reason: str = "") -> SpanRecord:
         recorder = self.recorder
-        if any(info.device_async for info in recorder.groups.all()):
-            self._read_frontier()  # cross-check: pg_status only, once per heartbeat
+        self._read_frontier()  # pg_status only: fresh for the heartbeat
         inflight = recorder.snapshot_inflight()
         idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
         attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
+        attributes[schema.ATTR_HB_PHASE] = schema.PHASE_TRAINING
         attributes.update(self._digests.heartbeat_attributes())
         if final_reason or (not inflight and idle_s >= self.config.stack_after_s) or \
                 self._waiting_elsewhere(inflight, now):

@@ -123,6 +123,7 @@ def heartbeat_attributes(
     out: dict[str, AttrValue] = {
         schema.ATTR_HB_GROUP_IDS: [info.gid for info in group_list],
         schema.ATTR_HB_GROUP_NAMES: [info.name for info in group_list],
+        schema.ATTR_HB_GROUP_DESCS: [info.desc for info in group_list],
         schema.ATTR_HB_GROUP_SIZES: [info.size for info in group_list],
         schema.ATTR_HB_GROUP_RANKS: [info.ranks_text for info in group_list],
         schema.ATTR_HB_GROUP_ISSUED: [info.issued for info in group_list],

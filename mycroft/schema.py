@@ -31,6 +31,9 @@ RES_LOCAL_RANK: Final = "mycroft.local_rank"
 RES_SCHEMA_VERSION: Final = "mycroft.schema.version"
 RES_RUN_ID: Final = "mycroft.run.id"  # one launch of the job (same on every rank); a relaunch gets a new one
 RES_SLURM_JOB_ID: Final = "mycroft.slurm.job_id"  # SLURM_JOB_ID of the rank; the RCA drain_node action requeues it
+RES_LAUNCHER: Final = "mycroft.launcher"  # what started the rank: torchrun | slurm | env (startup.py)
+RES_NODE_RANK: Final = "mycroft.node_rank"  # the node's index in the job (GROUP_RANK / SLURM_NODEID)
+RES_LOCAL_WORLD_SIZE: Final = "mycroft.local_world_size"  # ranks per node (LOCAL_WORLD_SIZE)
 RES_KUBE_NODE_NAME: Final = "k8s.node.name"  # the pod's Kubernetes node (downward API); what cordon_node cordons
 
 # --------------------------------------------------------------------------------------
@@ -129,6 +132,11 @@ ATTR_CALL_S: Final = "mycroft.call_s"  # seconds the issuing call took on the ho
 # Heartbeat span (per rank, every MYCROFT_HEARTBEAT_INTERVAL seconds)
 # Per-group and per-in-flight-op values are parallel arrays (OTel attributes are flat).
 # --------------------------------------------------------------------------------------
+ATTR_HB_PHASE: Final = "mycroft.hb.phase"  # importing | rendezvous (before / in init_process_group) | training
+ATTR_HB_PHASE_S: Final = "mycroft.hb.phase_s"  # seconds in that phase (start-up phases only)
+PHASE_IMPORTING: Final = "importing"
+PHASE_RENDEZVOUS: Final = "rendezvous"
+PHASE_TRAINING: Final = "training"
 ATTR_HB_COUNTER: Final = "mycroft.hb.counter"  # increments by one per heartbeat of this rank
 ATTR_HB_INTERVAL_S: Final = "mycroft.hb.interval_s"
 ATTR_HB_FINAL: Final = "mycroft.hb.final"  # last heartbeat of the process
@@ -152,6 +160,7 @@ ATTR_HB_DIGEST_VALUES: Final = "mycroft.hb.digest.values"  # sum of signature_ha
 
 ATTR_HB_GROUP_IDS: Final = "mycroft.hb.group.ids"
 ATTR_HB_GROUP_NAMES: Final = "mycroft.hb.group.names"
+ATTR_HB_GROUP_DESCS: Final = "mycroft.hb.group.descs"  # torch group_desc per group ("mesh_tp", "DATA_PARALLEL_GROUP")
 ATTR_HB_GROUP_SIZES: Final = "mycroft.hb.group.sizes"
 ATTR_HB_GROUP_RANKS: Final = "mycroft.hb.group.ranks"  # compact strings, see encode_ranks()
 ATTR_HB_GROUP_ISSUED: Final = "mycroft.hb.group.issued"  # last issued collective seq per group

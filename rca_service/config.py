@@ -15,6 +15,10 @@ class AnalysisConfig:
     hang_min_s: float = 1.0
     hang_factor: float = 6.0
     hang_max_s: float = 120.0
+    # start-up: ranks waiting in rendezvous (init_process_group) this long for ranks that are not
+    # there name those (a warning); critical once the wait exceeds startup_budget_s
+    startup_min_s: float = 2.0
+    startup_budget_s: float = 60.0
     # lost heartbeats: silent for lost_intervals * interval + lost_slack_s
     lost_intervals: float = 2.5
     lost_slack_s: float = 0.3

@@ -19,6 +19,7 @@ STALL = "stall"
 
 # root-cause kinds (what is wrong with a rank or a link)
 RC_NOT_ENTERED = "not_entered"  # alive, outside communication, others wait for it
+RC_NOT_ARRIVED = "not_arrived"  # never reached init_process_group while the others wait in rendezvous
 RC_PROCESS_LOST = "process_lost"  # silent: killed, frozen or unreachable
 RC_PROCESS_EXITED = "process_exited"  # said goodbye (final heartbeat) while others wait for it
 RC_STRAGGLER = "straggler"  # arrives last again and again

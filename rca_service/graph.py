@@ -357,7 +357,7 @@ def describe(node: Node, job: JobState) -> str:
         return f"rank {node[1]}"
     if node[0] == "c":
         group = job.groups.get(node[1])
-        name = group.name if group is not None and group.name else node[1]
+        name = group.label if group is not None else node[1]
         return f"[group {name} seq {node[2]}]"
     return f"[p2p {node[2]}->{node[3]} seq {node[4]}]"
 

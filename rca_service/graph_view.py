@@ -48,7 +48,7 @@ def _group_name(job: JobState, gid: str) -> str:
     group = job.groups.get(gid)
     if group is None:
         return gid
-    return group.desc or group.name or gid
+    return group.label
 
 
 def _ranks_text(ranks: list[int]) -> str:

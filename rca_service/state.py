@@ -95,6 +95,8 @@ class RankState:
     hb_checked: tuple[Any, ...] | None = None  # admission.heartbeat_checked() of its last heartbeat folded
     resource: Any = None  # the last record's resource dict (shared by the decoder: identity = unchanged)
     windows: dict[int, Any] = field(default_factory=dict)  # slowness.work_window's memo, by window length
+    phase: str = ""  # schema.PHASE_*: importing / rendezvous before init_process_group returns, then training
+    phase_s: float = 0.0  # seconds in that phase as of the last heartbeat (start-up phases)
 
     def idle_at(self, now: float) -> float:
         if self.inflight:
@@ -148,6 +150,36 @@ class GroupState:
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def label(self) -> str:
+        """What the user calls this group (group_label)."""
+        return group_label(self.name, self.desc) or self.group_id
+
+
+MESH_DESC_PREFIX = "mesh_"  # DeviceMesh's group_desc for a dimension: "mesh_tp", flattened "mesh_dp_shard_tp"
+DEFAULT_GROUP_DESC = "default_pg"
+
+
+def group_label(name: str, desc: str) -> str:
+    """The user's name for a group: its DeviceMesh dimension ("tp" from group_desc "mesh_tp"), else its
+    group_desc (Megatron's "TENSOR_MODEL_PARALLEL_GROUP", a job's "tp0"), "world" for the default group,
+    else torch's group name ("3")."""
+    if desc.startswith(MESH_DESC_PREFIX) and len(desc) > len(MESH_DESC_PREFIX):
+        return desc[len(MESH_DESC_PREFIX):]
+    if desc == DEFAULT_GROUP_DESC:
+        return "world"
+    return desc if desc and desc != "undefined" else name
+
+
+def job_name(job: JobState) -> str:
+    """The name the user gave the job (OTEL_SERVICE_NAME), "" when the ranks' service is the job id."""
+    for rank in job.ranks.values():
+        name = str(rank.resource.get(schema.RES_SERVICE_NAME, "") or "") if rank.resource else ""
+        if name and name != job.job_id and not name.startswith("unknown_service"):
+            return name[:128]
+        return ""
+    return ""
 
 
 @dataclass(slots=True)
@@ -257,6 +289,7 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
         return rank.hb_admitted
     ids = [str(x) for x in _list(ids_v)]
     names, members = _list(names_v), _list(members_v)
+    descs = _list(a.get(schema.ATTR_HB_GROUP_DESCS))
     admitted: list[tuple[int, str]] = []
     settled = True  # every admitted group knows its members: the next identical table can be skipped
     for i, gid in enumerate(ids):
@@ -266,6 +299,8 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
         if group is None:
             settled = False  # the group cap may have room later
             continue
+        if not group.desc and i < len(descs) and descs[i]:
+            group.desc = str(descs[i])[:64]
         if ranks_text and not group.ranks:
             settled = False
         admitted.append((i, gid))
@@ -276,13 +311,17 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
     return admitted
 
 
+_STEADY_PHASES = frozenset({"", None, schema.PHASE_TRAINING})  # a client that sends no phase is training
+
+
 def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
                      cfg: AnalysisConfig) -> None:
     """Fold one heartbeat. The compiled fold (_fold_fast.c) takes the common one -- a running
     rank's, its group table the one it sent last, every value of its usual type -- and answers 0,
     having changed nothing, for any other; then this function is the definition."""
     a = record.attributes
-    if _fold_fast is not None:
+    if _fold_fast is not None and rank.phase in _STEADY_PHASES and a.get(schema.ATTR_HB_PHASE) in _STEADY_PHASES:
+        # start-up heartbeats, and the first one after them, take the Python fold (it reads the phase)
         folded = _fold_fast.fold(job, rank, a, received_at, record.end_ns, cfg.max_stack_chars,
                                  cfg.max_seqs_per_group)
         if folded:
@@ -316,6 +355,10 @@ def _apply_heartbeat_python(job: JobState, rank: RankState, record: SpanRecord, 
         rank.final = bool(get(schema.ATTR_HB_FINAL, False))
     if rank.final:
         rank.exit_reason = str(get(schema.ATTR_HB_EXIT_REASON, rank.exit_reason or "exit"))
+    phase = get(schema.ATTR_HB_PHASE)
+    if phase is not None:
+        rank.phase = str(phase)[:32]
+        rank.phase_s = _float(get(schema.ATTR_HB_PHASE_S, 0.0))
     idle = get(schema.ATTR_HB_IDLE_S)
     rank.idle_s = idle if idle.__class__ is float else _float(idle)
     rank.idle_observed_at = received_at

@@ -32,6 +32,7 @@ from .findings import (
     RC_DEADLOCK,
     RC_LINK,
     RC_MISMATCH,
+    RC_NOT_ARRIVED,
     RC_NOT_ENTERED,
     RC_PROCESS_EXITED,
     RC_PROCESS_LOST,
@@ -44,7 +45,7 @@ from .findings import (
 from .rank_table import rank_table
 from .slow_links import find_slow_link
 from .slowness import find_straggle, job_slowdown, job_wait_growth
-from .state import JobState
+from .state import JobState, job_name
 from .triggers import (
     ALIVE,
     EXITED,
@@ -65,7 +66,7 @@ from .triggers import (
 
 def _group_name(job: JobState, gid: str) -> str:
     group = job.groups.get(gid)
-    return group.name if group is not None and group.name else gid
+    return group.label if group is not None else gid
 
 
 def _rank_evidence(job: JobState, rank_id: int, status: str, now: float, cfg: AnalysisConfig) -> RootCause:
@@ -628,7 +629,26 @@ def _slowdown_bounded(job: JobState, now: float, cfg: AnalysisConfig) -> Finding
 
 
 def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
-    """State in, findings out: the primary finding first (empty when the job is healthy)."""
+    """State in, findings out: the primary finding first (empty when the job is healthy).
+
+    Each finding's evidence names the job as its user did (OTEL_SERVICE_NAME) beside its run id.
+    """
+    findings = _analyze_job(job, now, cfg)
+    if findings:
+        name = job_name(job)
+        for finding in findings:
+            if name:
+                finding.evidence.setdefault("job_name", name)
+            if job.run_id:
+                finding.evidence.setdefault("run_id", job.run_id)
+    return findings
+
+
+def _analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
+    if not job.groups:  # before any group exists, only a start-up hang can be told
+        startup = _startup_finding(job, now, cfg)
+        if startup is not None:
+            return [startup]
     ranks = rank_table(job)  # statuses() and hang_sweep() of every rank, re-read where the fold touched it
     status = ranks.statuses(job, now, cfg)
     mismatch = _mismatch_finding(job, status)
@@ -648,6 +668,67 @@ def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]
         if slow is not None and not _names_a_late_rank(job, slow, now, cfg):
             return [slow]
     return []
+
+
+def _node_hosts(job: JobState) -> tuple[dict[int, str], int]:
+    """(node index -> host, ranks per node) from the ranks that reported their launcher's facts."""
+    hosts: dict[int, str] = {}
+    per_node = 0
+    for rank in job.ranks.values():
+        resource = rank.resource or {}
+        node = resource.get(schema.RES_NODE_RANK)
+        if isinstance(node, int) and rank.host:
+            hosts.setdefault(node, rank.host)
+        size = resource.get(schema.RES_LOCAL_WORLD_SIZE)
+        if isinstance(size, int) and size > 0:
+            per_node = size
+    return hosts, per_node
+
+
+def _startup_finding(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:
+    """A start-up hang: ranks wait in rendezvous (init_process_group) for ranks of the world that are
+    not there -- still before init (importing, loading data: its stack says where), or never heard
+    from at all (not started, or stuck before Python ran). Named once the wait lasts startup_min_s;
+    critical after startup_budget_s (a slow import is normal for seconds, not for a minute)."""
+    waiting = [r for r in job.ranks.values() if r.phase == schema.PHASE_RENDEZVOUS and not r.final]
+    if not waiting or job.world_size <= 0:
+        return None
+    wait_s = max(r.phase_s + max(0.0, now - r.last_hb_at) for r in waiting)
+    if wait_s < max(cfg.startup_min_s, 2 * job.hb_interval):
+        return None
+    absent = [r for r in range(job.world_size)
+              if r not in job.ranks or job.ranks[r].phase in ("", schema.PHASE_IMPORTING) or job.ranks[r].final]
+    if not absent:
+        return None
+    hosts, per_node = _node_hosts(job)
+    causes = []
+    for r in absent[:256]:
+        rank = job.ranks.get(r)
+        node = r // per_node if per_node else -1
+        host = rank.host if rank is not None and rank.host else hosts.get(node, "")
+        where = f" on {host}" if host else (f" on node {node} (no rank of it reported)" if node >= 0 else "")
+        if rank is None:
+            text = (f"rank {r} of {job.world_size}{where} never reported: not started, or stuck before Python "
+                    f"ran, while {len(waiting)} rank(s) wait for it in rendezvous for {wait_s:.1f}s")
+            evidence: dict[str, Any] = {"text": text, "status": UNSEEN, "phase": "", "host": host}
+        elif rank.final:
+            text = f"rank {r}{where} exited ({rank.exit_reason}) before init_process_group"
+            evidence = {"text": text, "status": EXITED, "phase": rank.phase, "host": host}
+        else:
+            text = (f"rank {r}{where} has not reached init_process_group ({rank.phase or 'no phase'} for "
+                    f"{rank.phase_s:.1f}s) while {len(waiting)} rank(s) wait for it in rendezvous for {wait_s:.1f}s")
+            evidence = {"text": text, "status": ALIVE, "phase": rank.phase, "host": host, "stack": rank.stack}
+        causes.append(RootCause(r, RC_NOT_ARRIVED, evidence))
+    critical = wait_s >= cfg.startup_budget_s
+    reason = (f"rendezvous waiting {wait_s:.0f}s, over the start-up budget of {cfg.startup_budget_s:.0f}s"
+              if critical else f"rendezvous waiting {wait_s:.1f}s, within the start-up budget of "
+              f"{cfg.startup_budget_s:.0f}s: a rank may still be importing")
+    text = (f"start-up hang: {len(waiting)} rank(s) wait in rendezvous for {wait_s:.1f}s; missing: "
+            f"{', '.join(str(c.rank) for c in causes[:8])}")
+    return Finding(job.job_id, HANG, text, causes, {},
+                   {"phase": "startup", "waiting_ranks": sorted(r.rank for r in waiting)[:256],
+                    "missing_ranks": absent[:256], "rendezvous_wait_s": round(wait_s, 3)},
+                   CRITICAL if critical else WARNING, reason)
 
 
 def _names_a_late_rank(job: JobState, finding: Finding, now: float, cfg: AnalysisConfig) -> bool:

@@ -392,6 +392,18 @@ def _plugin() -> _Profiler | None:
     return _profiler
 
 
+class _Sequence:
+    """gloo Works issued back to back on the stream thread: waited in order, as one."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self._works = works
+
+    def wait(self) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+
 class NcclLikeProcessGroup(dist.ProcessGroup):
     """A process group whose ops return at enqueue and complete on a stream thread (see the module doc)."""
 
@@ -564,6 +576,20 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
                                 lambda: self._gloo._reduce_scatter_base(output, input, opts))
 
     _reduce_scatter_base = reduce_scatter_single
+
+    # `_coalescing_manager`'s fast path (Megatron's grad reduce-scatter / param all-gather): one
+    # NCCL collective (one seq, one Work) for the whole block, as ProcessGroupNCCL issues it
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> NcclLikeWork:
+        opts = opts if opts is not None else ReduceScatterOptions()
+        return self._collective("reduce_scatter_tensor_coalesced", list(outputs),
+                                lambda: _Sequence([self._gloo._reduce_scatter_base(o, i, opts)
+                                                   for o, i in zip(outputs, inputs, strict=True)]))
+
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> NcclLikeWork:
+        opts = opts if opts is not None else AllgatherOptions()
+        return self._collective("allgather_into_tensor_coalesced", list(outputs),
+                                lambda: _Sequence([self._gloo._allgather_base(o, i, opts)
+                                                   for o, i in zip(outputs, inputs, strict=True)]))
 
     def broadcast(self, tensors: Any, opts: Any = None) -> NcclLikeWork:
         opts = opts if opts is not None else BroadcastOptions()

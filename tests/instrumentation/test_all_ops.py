@@ -52,7 +52,8 @@ def test_every_public_api_is_traced_on_every_rank(traced_job: tuple[list, str]) 
     for span in _ops(spans):
         ranks_by_api[span.attributes[schema.ATTR_API]].add(span.rank)
     wanted = {f"torch.distributed.{spec.api}" for spec in C10D_SPECS if spec.api != "monitored_barrier"}
-    wanted.add("torch.distributed.batch_isend_irecv")
+    wanted.update(("torch.distributed.batch_isend_irecv", "torch.distributed._coalescing_manager",
+                   "torch.distributed._broadcast_coalesced"))
     missing = {api for api in wanted if ranks_by_api.get(api) != set(range(WORLD))}
     assert not missing, {api: sorted(ranks_by_api.get(api, ())) for api in missing}
 
@@ -85,7 +86,7 @@ def test_contract_attributes(traced_job: tuple[list, str]) -> None:
                 schema.ATTR_BYTES, schema.ATTR_BACKEND, schema.ATTR_STATE}
     for span in _ops(spans):
         assert required <= span.attributes.keys(), span.attributes
-        assert span.attributes[schema.ATTR_STATE] == schema.STATE_COMPLETED
+        assert span.attributes[schema.ATTR_STATE] == schema.STATE_COMPLETED, span.attributes
         assert span.end_ns >= span.start_ns > 0
         assert span.resource[schema.RES_JOB_ID] == "all-ops"
         assert span.resource[schema.RES_WORLD_SIZE] == WORLD

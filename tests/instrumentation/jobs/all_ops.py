@@ -40,6 +40,16 @@ def main() -> None:
     dist.all_to_all([torch.zeros(2) for _ in range(world)], [torch.ones(2) for _ in range(world)]); did("all_to_all")
     dist.barrier(); did("barrier")
     dist.barrier(async_op=True).wait(); did("barrier", async_op=True)
+    dist.all_reduce_coalesced([torch.ones(4), torch.ones(8)]); did("all_reduce_coalesced")
+    dist.all_reduce_coalesced([torch.ones(4)], async_op=True).wait(); did("all_reduce_coalesced", async_op=True)
+    dist.all_gather_coalesced([[torch.zeros(4)] for _ in range(world)], [torch.ones(4)])
+    did("all_gather_coalesced")
+    with dist.distributed_c10d._coalescing_manager(async_ops=True) as cm:  # Megatron's grad reduce-scatter
+        dist.reduce_scatter_tensor(torch.zeros(4), torch.ones(4 * world))
+        dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * world))
+    cm.wait(); did("_coalescing_manager")
+    dist._broadcast_coalesced(dist.group.WORLD, [torch.ones(3), torch.ones(5)], 1 << 20, 0)
+    did("_broadcast_coalesced")
 
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     if rank % 2 == 0:

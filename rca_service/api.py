@@ -142,7 +142,7 @@ class ApiHandler:
                                 "text/plain; charset=utf-8")
             return _json(200, suspects)
         if path == "/hosts":
-            return _html(pages.hosts_page(self.backend.hosts(principal)))
+            return _html(pages.hosts_page(self.backend.hosts(principal), time.time()))
         if path.startswith("/incidents/"):
             rest = path.removeprefix("/incidents/")
             if rest.endswith("/graph.svg"):

@@ -94,6 +94,7 @@ class HostRecord:
             "by_kind": dict(sorted(self.by_kind.items())), "by_cause": dict(sorted(self.by_cause.items())),
             "first_seen": rfc3339(self.first_seen) if self.first_seen else None,
             "last_seen": rfc3339(self.last_seen) if self.last_seen else None,
+            "first_seen_unix": self.first_seen, "last_seen_unix": self.last_seen,
             "jobs": len(self.jobs), "last_incident": last, "daily": list(self.daily),
             "actions": [{**a, "at": rfc3339(float(a["at_unix"]))} for a in self.actions[:16]],
         }

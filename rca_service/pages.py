@@ -308,7 +308,7 @@ tr.suspect td:first-child { border-left: 5px solid #d62728; font-weight: bold; }
 .chip { display: inline-block; padding: 0 6px; margin: 1px 2px; border-radius: 8px; font-size: 12px;
         background: #eceff1; } .tiles { display: flex; gap: 12px; margin: 8px 0 14px; }
 .tile { background: #fff; border: 1px solid #ddd; padding: 8px 14px; min-width: 120px; }
-.tile b { display: block; font-size: 22px; } .tile.bad b { color: #d62728; }
+.tile b { display: block; font-size: 22px; } .tile.bad b { color: #d62728; } .nowrap { white-space: nowrap; }
 """
 
 
@@ -480,38 +480,56 @@ def _days(daily: list[int]) -> str:
     return "".join(cells)
 
 
-def hosts_page(hosts: list[dict[str, Any]]) -> str:
+def _ago(now: float, at: Any) -> str:
+    """A time as an age ("3.2 d ago", "12 min ago"): a fleet is read by recency."""
+    if at is None:
+        return "-"
+    delta = now - float(at)
+    later = delta < 0
+    delta = abs(delta)
+    text = f"{delta:.0f} s" if delta < 90 else f"{delta / 60:.0f} min" if delta < 5400 else \
+        f"{delta / 3600:.1f} h" if delta < 86400 * 1.5 else f"{delta / 86400:.1f} d"
+    return f"in {text}" if later else f"{text} ago"
+
+
+def hosts_page(hosts: list[dict[str, Any]], now: float) -> str:
     """The fleet memory: every host seen, suspects (lemon nodes) first, with what their ranks caused."""
     suspects = [h for h in hosts if h.get("suspect")]
     with_incidents = [h for h in hosts if h.get("incidents")]
     acted = sum(1 for h in hosts for a in h.get("actions") or [] if a.get("result") in ("done", "observed"))
     body = ["<h1>Hosts</h1><div class=\"muted\">every host a rank ran on, across jobs; a host is a suspect while "
-            "enough recent incidents named one of its ranks as the root cause (the list a launcher excludes: "
-            "<code>srun --exclude=$(curl .../api/v1/hosts/suspect?format=slurm)</code>)</div>",
+            "enough recent incidents named one of its ranks as the root cause; what a launcher excludes: "
+            "<code>srun --exclude=$(curl .../api/v1/hosts/suspect?format=slurm)</code></div>",
             f'<div class="tiles"><div class="tile"><b id="hosts-seen">{len(hosts)}</b>hosts seen</div>'
             f'<div class="tile{" bad" if suspects else ""}"><b id="hosts-suspect">{len(suspects)}</b>suspects</div>'
             f'<div class="tile"><b>{len(with_incidents)}</b>with root-cause incidents</div>'
             f'<div class="tile"><b>{acted}</b>node actions (done / observed)</div></div>',
-            "<table class=\"hosts\" id=\"hosts\"><tr><th>host</th><th>suspect until</th><th>incidents</th>"
+            "<table class=\"hosts\" id=\"hosts\"><tr><th>host</th><th>suspect</th><th>incidents</th>"
             "<th>last 14 days</th><th>by kind</th><th>root causes</th><th>last incident</th><th>jobs</th>"
-            "<th>first / last seen</th><th>actions</th></tr>"]
+            "<th>seen first / last</th><th>node actions</th></tr>"]
     for h in hosts[:1000]:
         last = h.get("last_incident") or {}
         link = (f'<a href="/incidents/{quote(str(last.get("id", "")))}">{esc(last.get("kind"))}</a> '
-                f'<span class="muted">{esc(last.get("at"))} in {esc(_clip(last.get("job", ""), 24))}</span>'
-                if last else "-")
+                f'{esc(_ago(now, last.get("at_unix")))} <span class="muted">in {esc(_clip(last.get("job", ""), 20))}'
+                "</span>" if last else "-")
         chips = "".join(f'<span class="chip">{esc(k)} {int(n)}</span>' for k, n in (h.get("by_kind") or {}).items())
         causes = "".join(f'<span class="chip">{esc(k)} {int(n)}</span>' for k, n in (h.get("by_cause") or {}).items())
-        acts = "; ".join(f'{a.get("action")} {a.get("result")}' for a in (h.get("actions") or [])[:3])
-        seen = f'{esc(h.get("first_seen") or "-")}<br>{esc(h.get("last_seen") or "-")}'
+        acts = "<br>".join(f'{esc(a.get("action"))} <span class="result {esc(a.get("result"))}">'
+                           f'{esc(a.get("result"))}</span> {esc(_ago(now, a.get("at_unix")))}'
+                           for a in (h.get("actions") or [])[:3])
+        suspect = (f'<span class="badge critical" title="until {esc(h.get("suspect_until"))}">suspect</span> '
+                   f'{esc(_ago(now, h.get("suspect_until_unix")).replace("in ", ""))} left'
+                   if h.get("suspect") else "-")
+        seen = f'{esc(_ago(now, h.get("first_seen_unix")))} / {esc(_ago(now, h.get("last_seen_unix")))}'
         body.append(f'<tr class="host{" suspect" if h.get("suspect") else ""}" data-host="{esc(h.get("host"))}">'
-                    f'<td>{esc(h.get("host"))}</td><td>{esc(h.get("suspect_until") or "-")}</td>'
-                    f'<td>{int(h.get("incidents") or 0)}</td><td>{_days(list(h.get("daily") or []))}</td>'
-                    f'<td>{chips or "-"}</td><td>{causes or "-"}</td><td>{link}</td><td>{int(h.get("jobs") or 0)}</td>'
-                    f'<td class="muted">{seen}</td><td>{esc(acts) or "-"}</td></tr>')
+                    f'<td class="nowrap">{esc(h.get("host"))}</td><td class="nowrap">{suspect}</td>'
+                    f'<td>{int(h.get("incidents") or 0)}</td><td class="nowrap">{_days(list(h.get("daily") or []))}'
+                    f'</td><td>{chips or "-"}</td><td>{causes or "-"}</td><td>{link}</td>'
+                    f'<td>{int(h.get("jobs") or 0)}</td><td class="muted nowrap">{seen}</td>'
+                    f'<td class="nowrap">{acts or "-"}</td></tr>')
     body.append("</table>")
     if len(hosts) > 1000:
-        body.append(f'<p class="muted">{len(hosts) - 1000} more hosts without incidents: /api/v1/hosts</p>')
+        body.append(f'<p class="muted">{len(hosts) - 1000} more hosts: /api/v1/hosts</p>')
     return _page("Hosts - Mycroft", "".join(body))
 
 

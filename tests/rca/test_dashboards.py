@@ -55,7 +55,8 @@ def test_alertmanager_template_shows_the_root_cause_line(tmp_path: Path) -> None
                       [RootCause(5, "not_entered", {"text": "rank 5 is alive but has not entered the op"})])
     incident = IncidentTracker(3.0).observe("llama-70b", [finding], 1_700_000_000.0)[0].incident
     data = tmp_path / "data.json"
-    data.write_text(json.dumps(webhook_payload(incident, "http://rca.example:8080")))  # Alertmanager's template.Data
+    actions = [{"action": "abort_job", "target": "llama-70b", "result": "done", "mode": "act"}]
+    data.write_text(json.dumps(webhook_payload(incident, "http://rca.example:8080", actions=actions)))  # template.Data
     out = subprocess.run([AMTOOL, "template", "render", f"--template.glob={COMPOSE / 'mycroft.tmpl'}",
                           '--template.text={{ template "mycroft.title" . }}\n{{ template "mycroft.text" . }}',
                           f"--template.data={data}"], capture_output=True, text=True, timeout=30)
@@ -63,3 +64,4 @@ def test_alertmanager_template_shows_the_root_cause_line(tmp_path: Path) -> None
     assert "[FIRING:1] MycroftHang in llama-70b (critical)" in out.stdout
     assert "root cause: rank 5 (not_entered): rank 5 is alive but has not entered the op" in out.stdout
     assert f"graph and timeline: http://rca.example:8080/incidents/{incident.id}" in out.stdout
+    assert "actions: abort_job llama-70b: done (act)" in out.stdout

@@ -57,6 +57,13 @@ def start_service(tmp: Path) -> tuple[subprocess.Popen[str], dict[str, int]]:
     return proc, json.loads(proc.stdout.readline())
 
 
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def metric(api: str, name: str) -> float:
     request = urllib.request.Request(f"{api}/metrics", headers={"Authorization": f"Bearer {READER}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -109,6 +116,7 @@ async def measure(api: str, pid: int, pollers: int, waits: list[float], rounds: 
     await asyncio.sleep(10.0)
     idle = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
     out["idle_cpu_share"] = round(idle, 4)
+    rss0 = out["idle_rss_mib"] = round(rss_mib(pid), 1)
     print(f"idle service (no polls): {idle:.2%} of a core")
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -127,10 +135,11 @@ async def measure(api: str, pid: int, pollers: int, waits: list[float], rounds: 
             row = {"wait_s": wait, "held": held, "repolls_per_s": round(rate, 1), "cpu_share": round(cpu, 4),
                    "cpu_share_over_idle": round(cpu - idle, 4),
                    "cpu_us_per_repoll": round((cpu - idle) / rate * 1e6, 1) if rate else None,
-                   "errors": group.errors}
+                   "errors": group.errors, "rss_mib_over_idle": round(rss_mib(pid) - rss0, 1)}
             out.setdefault("held", []).append(row)
             print(f"wait {wait:g}s: {held:.0f} polls held, {rate:.1f} re-polls/s, service CPU {cpu:.2%} of a core "
-                  f"({cpu - idle:+.2%} over idle; {row['cpu_us_per_repoll']} us per re-poll), errors {group.errors}")
+                  f"({cpu - idle:+.2%} over idle; {row['cpu_us_per_repoll']} us per re-poll), RSS "
+                  f"{row['rss_mib_over_idle']:+.1f} MiB over idle, errors {group.errors}")
             if wait != waits[-1]:
                 group.stop.set()
                 for task in tasks:

@@ -13,6 +13,7 @@ scheduler_actions (commands from argument lists, bounded in time, never raising)
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -59,7 +60,7 @@ def job_facts(job: JobState | None, incident: Incident) -> JobFacts:
     causes = [c.get("rank") for c in incident.root_causes[:64]]
     ranks = [job.ranks[r] for r in causes if isinstance(r, int) and r in job.ranks]
     slurm = ""
-    for rank in [*ranks, *list(job.ranks.values())[:8]]:
+    for rank in itertools.chain(ranks, itertools.islice(job.ranks.values(), 8)):  # never a 16k-rank list
         value = (rank.resource or {}).get(schema.RES_SLURM_JOB_ID)
         if value not in (None, ""):
             slurm = str(value)

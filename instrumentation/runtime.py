@@ -26,6 +26,14 @@ from typing import Any
 from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.digest import SignatureDigests
+from mycroft.instrumentation.directives import (
+    DEFAULT_EXIT_CODE,
+    DirectiveWatcher,
+    abort_line,
+    abort_process_groups,
+    control_from_env,
+    reap_stopped_siblings,
+)
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
@@ -173,6 +181,10 @@ class Runtime:
         # recent collectives of device-async groups: the evidence that maps NCCL communicators to groups
         self._py_ops: collections.deque[PyOp] = collections.deque(maxlen=512)
         self._fr_ops: dict[tuple[str, int], OpRecord] = {}  # collectives only the Flight Recorder saw
+        self._directives: DirectiveWatcher | None = None
+        control = control_from_env(os.environ)
+        if control is not None:
+            self._directives = DirectiveWatcher(control, self.job_id, self.run_id)
         self._wakeup_r: int | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._install_signal_handlers()
@@ -275,6 +287,10 @@ class Runtime:
             os._exit(128 + caught[0])
 
     def _step(self) -> None:
+        if self._directives is not None:
+            directive = self._directives.check()
+            if directive is not None:
+                self._abort(directive)
         now_s = time.monotonic()
         if now_s >= self._next_frontier:
             self._next_frontier = now_s + FRONTIER_PERIOD_S
@@ -515,6 +531,19 @@ class Runtime:
         if pending and threading.current_thread() is threading.main_thread():
             self._reraise(pending)
 
+    def _abort(self, directive: dict[str, Any]) -> None:
+        """The RCA service's abort_job: one line naming the root cause, last words, groups aborted, exit."""
+        code = directive.get("exit_code")
+        code = code if isinstance(code, int) and 0 < code < 256 else DEFAULT_EXIT_CODE
+        with contextlib.suppress(Exception):
+            sys.stderr.write(abort_line(directive) + "\n")
+            sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            self.final(exit_reason=schema.EXIT_REASON_ABORTED, timeout_s=1.0)
+        abort_process_groups(1.0)
+        reap_stopped_siblings()
+        os._exit(code)
+
     def _atexit(self) -> None:
         with contextlib.suppress(Exception):
             self.final(exit_reason="exit")
@@ -522,6 +551,8 @@ class Runtime:
 
     def shutdown(self) -> None:
         self._stop.set()
+        if self._directives is not None:
+            self._directives.stop()
         self.recorder.completion.stop()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=2.0)

@@ -141,6 +141,7 @@ ATTR_HB_COUNTER: Final = "mycroft.hb.counter"  # increments by one per heartbeat
 ATTR_HB_INTERVAL_S: Final = "mycroft.hb.interval_s"
 ATTR_HB_FINAL: Final = "mycroft.hb.final"  # last heartbeat of the process
 ATTR_HB_EXIT_REASON: Final = "mycroft.hb.exit_reason"  # "exit", "SIGTERM", ...
+EXIT_REASON_ABORTED: Final = "mycroft_abort"  # the rank left on the RCA service's abort_job directive
 ATTR_HB_IDLE_S: Final = "mycroft.hb.idle_s"  # seconds since this rank last had an op in flight
 ATTR_HB_STACK: Final = "mycroft.hb.stack"  # main-thread Python stack, innermost last
 ATTR_HB_DROPPED: Final = "mycroft.hb.dropped"  # telemetry records dropped so far by this rank

@@ -1,0 +1,252 @@
+"""The rank side of `abort_job`: one long-poll per host, relayed to every rank of it, then a prompt exit.
+
+The RCA service publishes an abort for a job (rca_service/directives.py, docs/actions.md). At
+16,384 ranks a poll per rank would be 16k connections, so the ranks of one host elect one
+poller: the rank holding an exclusive `flock` on a per-job file in /dev/shm (the kernel
+releases it when that process dies, and another rank takes over within RETRY_LOCK_S). It
+long-polls `GET {MYCROFT_CONTROL_ENDPOINT}/api/v1/directives?job=&run=&after=&wait=&host=`
+(authenticated like ingest: MYCROFT_CONTROL_TOKEN, else the OTLP exporter's
+`authorization` header) and writes what it gets to a per-job file beside the lock (atomic
+rename). Every rank's runtime thread stats that file each tick (~2 us) and, on an abort for
+its job and run, leaves: one line on stderr naming the root cause, a final heartbeat, its
+process groups aborted (bounded in time), and `os._exit` with the directive's exit code, so
+torchrun's elastic restart or the scheduler's requeue takes over.
+
+No control endpoint configured -> nothing polls (ranks that reach the service only through
+a collector cannot receive aborts; the service records such an abort as undeliverable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("mycroft.instrumentation")
+
+ENV_CONTROL_ENDPOINT = "MYCROFT_CONTROL_ENDPOINT"
+ENV_CONTROL_TOKEN = "MYCROFT_CONTROL_TOKEN"
+ENV_RELAY_DIR = "MYCROFT_RELAY_DIR"
+POLL_WAIT_S = 30.0  # the service holds a poll this long at most (it caps it too)
+RETRY_LOCK_S = 2.0  # a rank that is not the poller tries to become it this often
+BACKOFF_S = 5.0  # after a failed poll
+DEFAULT_EXIT_CODE = 75
+ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    endpoint: str
+    token: str
+
+
+def control_from_env(env: Mapping[str, str]) -> Control | None:
+    """Where to poll and with which token (pure); None when no control endpoint is configured."""
+    endpoint = env.get(ENV_CONTROL_ENDPOINT, "").strip().rstrip("/")
+    if not endpoint:
+        return None
+    token = env.get(ENV_CONTROL_TOKEN, "")
+    if not token:
+        headers = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+        for item in headers.split(","):
+            key, _, value = item.partition("=")
+            value = urllib.parse.unquote(value.strip())
+            if key.strip().lower() == "authorization" and value.lower().startswith("bearer "):
+                token = value[7:].strip()
+    return Control(endpoint, token)
+
+
+def relay_paths(job_id: str, directory: str | None = None) -> tuple[str, str]:
+    """(lock file, directive file) of one job on this host."""
+    base = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    tag = hashlib.blake2b(job_id.encode(), digest_size=8).hexdigest()
+    return os.path.join(base, f"mycroft-{tag}.lock"), os.path.join(base, f"mycroft-{tag}.directive")
+
+
+def applies(directive: Mapping[str, Any], job_id: str, run_id: str, since_unix: float) -> bool:
+    """Is this directive an abort of this process's job and run (pure)? One older than the process
+    is a previous launch's: a relaunch under the same job id must not die of it."""
+    if directive.get("action") != ABORT:
+        return False
+    job = str(directive.get("job", ""))
+    if job != job_id and not job_id.startswith(job + "/"):
+        return False
+    run = str(directive.get("run") or "")
+    if run and run_id and run != run_id:
+        return False
+    issued = directive.get("issued_at_unix")
+    return not (isinstance(issued, (int, float)) and issued < since_unix)
+
+
+def abort_line(directive: Mapping[str, Any]) -> str:
+    reason = " ".join(str(directive.get("reason") or "the RCA service asked").split())[:400]
+    incident = directive.get("incident")
+    return f"mycroft: aborting: {reason}" + (f" (incident {incident})" if incident and
+                                             str(incident) not in reason else "")
+
+
+class DirectiveWatcher:
+    """Polls (when this rank is its host's poller) and reads the host's relay file."""
+
+    def __init__(self, control: Control, job_id: str, run_id: str, directory: str | None = None,
+                 opener: Callable[..., Any] = urllib.request.urlopen) -> None:
+        self.control = control
+        self.job_id = job_id
+        self.run_id = run_id
+        self.started_unix = time.time()
+        self.lock_path, self.relay_path = relay_paths(job_id, directory)
+        self._opener = opener
+        self._lock_fd: int | None = None
+        self._next_lock_try = 0.0
+        self._seen_mtime = 0.0
+        self._after = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.polls = 0
+        self.failures = 0
+        self._failure_logged = False
+
+    # ------------------------------------------------------------------ every rank (runtime thread)
+    def check(self) -> dict[str, Any] | None:
+        """The abort for this process, if the host's relay file holds one (one stat per call)."""
+        now = time.monotonic()
+        if self._lock_fd is None and self._thread is None and now >= self._next_lock_try:
+            self._next_lock_try = now + RETRY_LOCK_S
+            self._try_become_poller()
+        try:
+            mtime = os.stat(self.relay_path).st_mtime
+        except OSError:
+            return None
+        if mtime == self._seen_mtime:
+            return None
+        self._seen_mtime = mtime
+        try:
+            with open(self.relay_path, encoding="utf-8") as handle:
+                directive = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        return directive if isinstance(directive, dict) and applies(directive, self.job_id, self.run_id,
+                                                                     self.started_unix) else None
+
+    def _try_become_poller(self) -> None:
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        self._lock_fd = fd
+        self._thread = threading.Thread(target=self._poll_loop, name="mycroft-directives", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the host's poller
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                directive = self.poll_once()
+            except Exception as exc:
+                self.failures += 1
+                if not self._failure_logged:
+                    self._failure_logged = True
+                    log.warning("mycroft: cannot poll %s for directives (%r); retrying every %.0f s, "
+                                "further failures counted", self.control.endpoint, exc, BACKOFF_S)
+                self._stop.wait(BACKOFF_S)
+                continue
+            if directive is not None:
+                self._relay(directive)
+
+    def poll_once(self, wait_s: float = POLL_WAIT_S) -> dict[str, Any] | None:
+        query = urllib.parse.urlencode({"job": self.job_id, "run": self.run_id, "after": self._after,
+                                        "wait": int(wait_s), "host": socket.gethostname()})
+        request = urllib.request.Request(f"{self.control.endpoint}/api/v1/directives?{query}")
+        if self.control.token:
+            request.add_header("Authorization", f"Bearer {self.control.token}")
+        self.polls += 1
+        with self._opener(request, timeout=wait_s + 10) as response:
+            if response.status == 204:
+                return None
+            directive = json.loads(response.read(1 << 16))
+        if not isinstance(directive, dict):
+            return None
+        seq = directive.get("seq")
+        if isinstance(seq, int) and seq > self._after:
+            self._after = seq
+        return directive
+
+    def _relay(self, directive: dict[str, Any]) -> None:
+        """Atomically replace the host's relay file: every rank of the host reads it."""
+        tmp = f"{self.relay_path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(directive, handle)
+        os.replace(tmp, self.relay_path)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def stopped_siblings(parent: int, proc: str = "/proc") -> list[int]:
+    """Processes of the same parent (the launcher's other workers) that are stopped (SIGSTOP, state T)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(proc):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(os.path.join(proc, entry, "stat"), encoding="ascii", errors="replace") as handle:
+                    fields = handle.read().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if len(fields) > 1 and fields[0] in ("T", "t") and fields[1] == str(parent):
+                found.append(int(entry))
+    return found
+
+
+def reap_stopped_siblings() -> int:
+    """Kill the launcher's stopped workers: a frozen rank runs no code, so it cannot leave on the abort,
+    and torchrun would wait its whole SIGTERM grace period (30 s) on it before restarting the job."""
+    parent = os.getppid()
+    if parent <= 1:
+        return 0
+    killed = 0
+    for pid in stopped_siblings(parent):
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+            killed += 1
+    return killed
+
+
+def abort_process_groups(timeout_s: float = 1.0) -> None:
+    """Abort every process group (NCCL: communicator abort), bounded: a backend whose abort blocks
+    must not keep a condemned rank alive."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            import torch.distributed.distributed_c10d as c10d
+
+            for pg in list(c10d._world.pg_map):
+                with contextlib.suppress(Exception):
+                    pg.abort()
+
+    worker = threading.Thread(target=run, name="mycroft-abort", daemon=True)
+    worker.start()
+    worker.join(timeout_s)

@@ -1,0 +1,112 @@
+"""Pure parts of start-up reporting (who a process is before init) and of the abort directive path."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from mycroft.instrumentation import directives
+from mycroft.instrumentation.startup import launch_facts, launch_job_id
+
+
+def test_torchrun_facts_and_a_job_id_every_node_shares() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+    facts = launch_facts(env)
+    assert facts is not None
+    assert (facts.rank, facts.world_size, facts.local_rank, facts.node_rank, facts.local_world_size) == (5, 8, 1, 1, 4)
+    assert facts.launcher == "torchrun"
+    other_node = launch_facts({**env, "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"})
+    assert other_node is not None and other_node.job_id == facts.job_id  # the rendezvous endpoint is shared
+    assert launch_job_id({**env, "MASTER_PORT": "29501"}) != facts.job_id
+    assert launch_job_id({**env, "TORCHELASTIC_RUN_ID": "llama-7"}) == "llama-7"
+    assert launch_job_id({**env, "MYCROFT_JOB_ID": "mine"}) == "mine"
+
+
+def test_srun_without_torchrun_and_what_is_not_a_launch() -> None:
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0"}
+    facts = launch_facts(env)
+    assert facts is not None
+    assert (facts.rank, facts.world_size, facts.node_rank, facts.local_world_size) == (3, 4, 1, 2)
+    assert facts.job_id == "slurm-812.0" and facts.slurm_job_id == "812" and facts.launcher == "slurm"
+    assert launch_facts({}) is None
+    # a rank outside its world, a rank that is no number:
+    assert launch_facts({"RANK": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "a", "MASTER_PORT": "1"}) is None
+    assert launch_facts({"RANK": "x", "WORLD_SIZE": "4", "MASTER_ADDR": "a", "MASTER_PORT": "1"}) is None
+    assert launch_facts({"RANK": "0", "WORLD_SIZE": "4"}) is None  # no job id to agree on before init
+
+
+def test_control_endpoint_and_token_from_the_environment() -> None:
+    assert directives.control_from_env({}) is None
+    control = directives.control_from_env({"MYCROFT_CONTROL_ENDPOINT": "http://rca:8080/",
+                                           "OTEL_EXPORTER_OTLP_HEADERS": "x=1,authorization=Bearer%20s3cret"})
+    assert control == directives.Control("http://rca:8080", "s3cret")
+    assert directives.control_from_env({"MYCROFT_CONTROL_ENDPOINT": "http://rca", "MYCROFT_CONTROL_TOKEN": "t",
+                                        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20x"}).token == "t"
+
+
+def test_which_directives_apply() -> None:
+    now = time.time()
+    abort = {"action": "abort", "job": "j", "run": "r.0", "issued_at_unix": now, "reason": "rank 2 (not_entered)",
+             "incident": "abc"}
+    assert directives.applies(abort, "j", "r.0", now - 1)
+    assert directives.applies({**abort, "run": ""}, "j", "r.0", now - 1)
+    assert not directives.applies(abort, "j", "r.1", now - 1)  # another launch of the job
+    assert not directives.applies(abort, "k", "r.0", now - 1)
+    assert not directives.applies(abort, "j", "r.0", now + 1)  # older than this process: a previous launch's
+    assert not directives.applies({**abort, "action": "drain"}, "j", "r.0", now - 1)
+    assert directives.abort_line(abort) == "mycroft: aborting: rank 2 (not_entered) (incident abc)"
+
+
+class _Response(io.BytesIO):
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(body)
+        self.status = status
+
+    def __enter__(self) -> _Response:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def test_one_poller_per_host_relays_to_every_rank(tmp_path: Path) -> None:
+    asked: list[str] = []
+    answers = [_Response(204, b""), _Response(200, json.dumps(
+        {"seq": 3, "action": "abort", "job": "j", "run": "r", "issued_at_unix": time.time() + 5,
+         "reason": "rank 1 (process_lost)", "incident": "i1", "exit_code": 75}).encode())]
+
+    def opener(request: Any, timeout: float) -> _Response:
+        asked.append(request.full_url)
+        assert request.get_header("Authorization") == "Bearer tok"
+        return answers.pop(0)
+
+    control = directives.Control("http://rca", "tok")
+    first = directives.DirectiveWatcher(control, "j", "r", str(tmp_path), opener=opener)
+    second = directives.DirectiveWatcher(control, "j", "r", str(tmp_path), opener=opener)
+    first._try_become_poller()
+    second._try_become_poller()
+    assert first._thread is not None and second._thread is None  # the flock elects one
+    deadline = time.time() + 10
+    got: list[Any] = []
+    while time.time() < deadline and len(got) < 2:
+        got = [w.check() for w in (first, second)]
+        got = [d for d in got if d]
+        time.sleep(0.05)
+    first.stop()
+    second.stop()
+    assert [d["incident"] for d in got] == ["i1", "i1"]
+    assert "after=0" in asked[0] and "job=j" in asked[0] and "wait=30" in asked[0]
+    assert "after=3" not in asked[0] and first._after == 3
+
+
+def test_stopped_siblings_are_found_by_parent(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    for pid, state, ppid in ((10, "T", 7), (11, "S", 7), (12, "T", 8)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python (x)) {state} {ppid} 1 1")
+    assert directives.stopped_siblings(7, str(proc)) == [10]

@@ -103,8 +103,11 @@ class MycroftInstrumentor(BaseInstrumentor):
             patcher.uninstall()
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
-            runtime.final(exit_reason="uninstrument")
-            runtime.shutdown()
+            try:
+                runtime.final(exit_reason="uninstrument")
+                runtime.shutdown()
+            except Exception as exc:  # never into the caller's code
+                log.warning("mycroft: shutting down the runtime failed (%r)", exc)
         startup, self._startup = getattr(self, "_startup", None), None
         if startup is not None:
             startup.stop()

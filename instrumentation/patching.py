@@ -137,6 +137,7 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
     api = C10D_PREFIX + spec.api
     depth = recorder.depth  # read directly: this is the hot path
     compiling = compiling_check()
+    collective = not spec.is_p2p
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -160,7 +161,10 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
             raise
         finally:
             depth.value -= 1
-        recorder.issued(record, result)
+        if collective and not record.async_op:  # a sync collective on a host-synchronous group: done
+            recorder.complete(record)
+        else:
+            recorder.issued(record, result)
         return result
 
     return wrapper

@@ -160,9 +160,17 @@ class Recorder:
     # ------------------------------------------------------------------ hot path
     def begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
               group: Any = None, api: str = "") -> OpRecord | None:
-        """Record the issue of an op; None means "run it unrecorded"."""
+        """Record the issue of an op; None means "run it unrecorded".
+
+        The hot path: arguments are read by position inline (`arg` is a call each), the payload by
+        `Tensor.nbytes` (one C call; odd payloads go through payload_info).
+        """
         try:
-            info = self.groups.resolve(group if group is not None else arg(args, kwargs, spec.group))
+            n_args = len(args)
+            if group is None:
+                position, keyword = spec.group
+                group = args[position] if 0 <= position < n_args else kwargs.get(keyword)
+            info = self.groups.resolve(group)
             if info is None:
                 return None
             start = _now_ns()
@@ -186,12 +194,26 @@ class Recorder:
                         group_root = arg(args, kwargs, spec.group_root)
                         root = info.ranks[group_root] if isinstance(group_root, int) else None
                     record.root = root if isinstance(root, int) else -1
-            if spec.reduce_op[1]:
-                record.reduce_op = arg(args, kwargs, spec.reduce_op)
-            if spec.payload[1]:
-                record.bytes, record.dtype = payload_info(arg(args, kwargs, spec.payload))
-            record.async_op = spec.always_async or bool(arg(args, kwargs, spec.async_op, False))
-            self._track(record, start)
+            position, keyword = spec.reduce_op
+            if keyword:
+                record.reduce_op = args[position] if 0 <= position < n_args else kwargs.get(keyword)
+            position, keyword = spec.payload
+            if keyword or position >= 0:
+                payload: Any = args[position] if 0 <= position < n_args else kwargs.get(keyword)
+                try:
+                    record.bytes, record.dtype = payload.nbytes, payload.dtype  # a tensor
+                except AttributeError:
+                    record.bytes, record.dtype = payload_info(payload)
+            if spec.always_async:
+                record.async_op = True
+            else:
+                position, keyword = spec.async_op
+                if keyword:
+                    record.async_op = bool(args[position] if 0 <= position < n_args else kwargs.get(keyword, False))
+            if not self.inflight:
+                self.comm_since_ns = start
+            self.inflight[id(record)] = record
+            self.last_activity_ns = start
             return record
         except Exception as exc:
             self._note_error(spec.api, exc)
@@ -288,7 +310,10 @@ class Recorder:
             if not self.inflight:
                 self.comm_ns += max(0, record.end_ns - self.comm_since_ns)
         self.last_activity_ns = record.end_ns
-        self._push(record)
+        if len(self.queue) < self.queue_size:  # _push, inline: every op passes here
+            self.queue.append(record)
+        else:
+            self._push(record)
 
     def _watch(self, record: OpRecord, work: Any) -> None:
         """Completion callback on the op's future; pollers fall back to is_completed()."""

@@ -315,7 +315,10 @@ class Runtime:
         spans: list[SpanRecord] = []
         ratio, slow = self.config.op_span_sample, self.config.keep_slow_s
         for _ in range(len(queue)):
-            record = queue.popleft()
+            try:
+                record = queue.popleft()
+            except IndexError:  # final() on another thread drained it meanwhile
+                break
             if record.op not in schema.P2P_OPS:
                 self._digests.add(record.group.gid, record.seq, record.op, record.bytes,
                                   readable(record.dtype) if record.dtype is not None else "")

@@ -231,7 +231,9 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
         try:
             group_arg = args[spec.group[0]] if len(args) > spec.group[0] else kwargs.get("group")
             pg = _resolve_process_group(funcol._resolve_group_name(group_arg, str(kwargs.get("tag", ""))))
-            record = recorder.begin(spec, args, kwargs, group=pg, api=api)
+            # not in flight until funcol issued it: its first call spends seconds setting itself up
+            # in Python (3-5 s here), which every rank would report as a transfer that never ends
+            record = recorder.begin(spec, args, kwargs, group=pg, api=api, track=False)
         except Exception as exc:
             recorder._note_error("funcol." + spec.api, exc)
         if record is None:

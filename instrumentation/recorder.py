@@ -159,7 +159,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ hot path
     def begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
-              group: Any = None, api: str = "") -> OpRecord | None:
+              group: Any = None, api: str = "", track: bool = True) -> OpRecord | None:
         """Record the issue of an op; None means "run it unrecorded".
 
         The hot path: arguments are read by position inline (`arg` is a call each), the payload by
@@ -210,14 +210,20 @@ class Recorder:
                 position, keyword = spec.async_op
                 if keyword:
                     record.async_op = bool(args[position] if 0 <= position < n_args else kwargs.get(keyword, False))
-            if not self.inflight:
-                self.comm_since_ns = start
-            self.inflight[id(record)] = record
-            self.last_activity_ns = start
+            if track:
+                if not self.inflight:
+                    self.comm_since_ns = start
+                self.inflight[id(record)] = record
+                self.last_activity_ns = start
             return record
         except Exception as exc:
             self._note_error(spec.api, exc)
             return None
+
+    def track_issued(self, record: OpRecord) -> None:
+        """An op begun with track=False is issued now: in flight from this instant."""
+        record.start_ns = _now_ns()
+        self._track(record, record.start_ns)
 
     def _track(self, record: OpRecord, start: int) -> None:
         if not self.inflight:
@@ -337,12 +343,15 @@ class Recorder:
 
     def watch_tensor(self, record: OpRecord, result: Any) -> None:
         """Functional collectives complete when their tensor is waited on (funcol.wait_tensor)."""
-        record.call_end_ns = _now_ns()
+        self.track_issued(record)
+        record.call_end_ns = record.start_ns
         elem = getattr(result, "elem", result)
         self.funcol_pending[id(elem)] = record
 
     def tensor_waited(self, tensor: Any) -> None:
         record = self.funcol_pending.pop(id(tensor), None)
+        if record is None:  # waited on the AsyncCollectiveTensor funcol returned, not on its tensor
+            record = self.funcol_pending.pop(id(getattr(tensor, "elem", tensor)), None)
         if record is not None:
             if record.device:  # NCCL: wait_tensor only makes the stream wait; see poll_pending
                 self.funcol_device.append(record)
@@ -360,6 +369,11 @@ class Recorder:
             if record.group.completed > record.seq:
                 self.funcol_pending.pop(key, None)
                 self.complete(record, timing=schema.TIMING_POLLED)
+            elif not record.device and 0 < record.seq <= record.group.fr_completed:
+                # waited where we do not see it (compiled code, a tensor's first use): the Flight
+                # Recorder saw it finish; left in flight it would read as a transfer that never ends
+                self.funcol_pending.pop(key, None)
+                self.complete(record, timing=schema.TIMING_FLIGHT_RECORDER)
         if self.funcol_device:
             # functional collectives of NCCL-like groups run in C++ (no Work for us): done once a
             # later op of the group completed on the device, or the Flight Recorder saw them finish

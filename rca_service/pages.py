@@ -365,6 +365,10 @@ def incident_page(incident: dict[str, Any], api_base: str = "") -> str:
             f'<dt>root cause named</dt><dd>{esc(incident.get("root_cause_at") or "-")}</dd>',
             f'<dt>critical since</dt><dd>{esc(incident.get("critical_at") or "-")}</dd>',
             f'<dt>resolved</dt><dd>{esc(incident.get("resolved_at") or "-")}</dd>']
+    if incident.get("actions"):  # what was done about it, at the top: the table is further down
+        done = ", ".join(f'{a.get("action")} {a.get("target") or ""} {a.get("result")}'.replace("  ", " ")
+                         for a in incident["actions"][:6])
+        body.append(f'<dt>actions</dt><dd><a href="#actions">{esc(done)}</a></dd>')
     if incident.get("consequence_of"):
         other = str(incident["consequence_of"])
         body.append(f'<dt>consequence of</dt><dd><a href="{api_base}/incidents/{quote(other)}">{esc(other)}</a></dd>')

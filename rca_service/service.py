@@ -167,6 +167,7 @@ class RcaService:
         self.started_at = time.time()
         self._last_refresh = 0.0
         self._last_hosts = 0.0
+        self._action_series: set[tuple[str, str]] = set()
         self._last_prune = 0.0
 
     # ------------------------------------------------------------------ lifecycle
@@ -381,8 +382,10 @@ class RcaService:
         self.metrics.set("mycroft_rca_alerts_sent", self.alerter.sent)
         self.metrics.set("mycroft_rca_alerts_failed_attempts", self.alerter.failed)
         self.metrics.set("mycroft_rca_alerts_suppressed", self.alerter.suppressed)
-        for (action, result), n in self.store.action_counts().items():
-            self.metrics.set("mycroft_rca_actions", n, action=action, result=result)
+        actions = self.store.action_counts()
+        self._action_series |= set(actions)  # an owed action that ran leaves owed at 0, not at its old count
+        for action, result in self._action_series:
+            self.metrics.set("mycroft_rca_actions", actions.get((action, result), 0), action=action, result=result)
         self.metrics.set("mycroft_rca_directive_polls_held", self.board.held())
         self.metrics.set("mycroft_rca_directive_polls", self.board.polls)
         self.metrics.set("mycroft_rca_directives_delivered", self.board.delivered)

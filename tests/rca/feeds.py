@@ -13,11 +13,15 @@ from mycroft.otlp import SpanRecord, request_from_records
 from .helpers import http
 
 
-def _hosted(records: list[SpanRecord], hosts: dict[int, str], slurm_job: str = "", run: str = "") -> list[SpanRecord]:
-    """The made-up job's ranks on these hosts (and in this SLURM job, this run)."""
+def _hosted(records: list[SpanRecord], hosts: dict[int, str], slurm_job: str = "", run: str = "",
+            kube: bool = False) -> list[SpanRecord]:
+    """The made-up job's ranks on these hosts (and in this SLURM job, this run; in pods on Kubernetes
+    nodes named k8s-<host>)."""
     for record in records:
         rank = int(record.resource[schema.RES_RANK])  # type: ignore[arg-type]
         record.resource[schema.RES_HOST_NAME] = hosts.get(rank, "node-other")
+        if kube:
+            record.resource[schema.RES_KUBE_NODE_NAME] = f"k8s-{record.resource[schema.RES_HOST_NAME]}"
         if slurm_job:
             record.resource[schema.RES_SLURM_JOB_ID] = slurm_job
         if run:
@@ -30,12 +34,13 @@ class Feeder:
     whatever OTLP/HTTP port `port` says (a restarted service has a new one)."""
 
     def __init__(self, name: str, port: int, culprit: int = 2, lost: bool = False,
-                 hosts: dict[int, str] | None = None, slurm_job: str = "", run: str = "", token: str = "") -> None:
+                 hosts: dict[int, str] | None = None, slurm_job: str = "", run: str = "", token: str = "",
+                 kube: bool = False) -> None:
         self.port = port
         self.job = StepJob(name, 4, t0=time.time() - 5.0)
         self.culprit, self.lost = culprit, lost
         self.hosts = hosts or {r: f"node{r}" for r in range(4)}
-        self.slurm_job, self.run = slurm_job, run
+        self.slurm_job, self.run, self.kube = slurm_job, run, kube
         self.headers = {"Content-Type": "application/x-protobuf", **({"Authorization": f"Bearer {token}"}
                                                                      if token else {})}
         self._stop = threading.Event()
@@ -45,7 +50,8 @@ class Feeder:
         self._thread.start()
 
     def _post(self, records: list[SpanRecord]) -> None:
-        body = request_from_records(_hosted(records, self.hosts, self.slurm_job, self.run)).SerializeToString()
+        hosted = _hosted(records, self.hosts, self.slurm_job, self.run, self.kube)
+        body = request_from_records(hosted).SerializeToString()
         try:
             http(f"http://127.0.0.1:{self.port}/v1/traces", body, self.headers)
         except OSError:

@@ -332,3 +332,47 @@ suspects: {{min_incidents: 2, window_s: 86400}}
         for feeder in feeders:
             feeder.stop()
         service.stop()
+
+
+def test_cordon_node_patches_the_kubernetes_node_of_the_lost_rank(tmp_path: Path) -> None:
+    """What kubectl cordon sends, to a stand-in API server: the pod's node (k8s.node.name), the token."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[tuple[str, str, str, bytes]] = []
+
+    class Api(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_PATCH(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append((self.path, self.headers.get("Authorization", ""), self.headers.get("Content-Type", ""), body))
+            reply = b'{"spec": {"unschedulable": true}}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+    api_server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=api_server.serve_forever, daemon=True).start()
+    token = tmp_path / "token"
+    token.write_text("sa-token-123\n")
+    service = _service(tmp_path, f"""
+mode: act
+rules: [{{kinds: [hang, crash], do: [cordon_node]}}]
+kubernetes: {{api_server: "http://127.0.0.1:{api_server.server_address[1]}", token_file: {token}, ca_file: ""}}
+""")
+    feeder = Feeder("pods", service.receiver.http_port or 0, culprit=3, lost=True, kube=True)
+    try:
+        api = f"http://127.0.0.1:{service.api.port}"
+        assert wait_until(lambda: _actions(api, "pods").get("cordon_node", {}).get("result") == "done", 20), \
+            _actions(api, "pods")
+        assert _actions(api, "pods")["cordon_node"]["target"] == "k8s-node3"
+        ((path, auth, kind, body),) = seen
+        assert path == "/api/v1/nodes/k8s-node3" and auth == "Bearer sa-token-123"
+        assert kind == "application/strategic-merge-patch+json"
+        assert json.loads(body) == {"spec": {"unschedulable": True}}
+    finally:
+        feeder.stop()
+        service.stop()
+        api_server.shutdown()

@@ -67,7 +67,7 @@ from .simfaults import (
 STACK = 'File "train.py", line 88, in train_step\n  File "model.py", line 212, in fused_attention'
 #: attributes that never change for a rank: serialized once per rank
 STATIC_KEYS = (schema.ATTR_RANK, schema.ATTR_HB_GROUP_IDS, schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_SIZES,
-               schema.ATTR_HB_GROUP_RANKS)
+               schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_GROUP_DESCS)
 #: per rank and situation (which group the op in flight is in)
 RANK_KEYS = (schema.ATTR_HB_INFLIGHT_GROUP_IDS,)
 #: per rank and beat: real ranks never report the same ages / comm time to the microsecond

@@ -368,7 +368,9 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
     buffer.div_(group.size())
-    record = recorder.begin(_ALL_REDUCE, (buffer,), {}, group=group, api=DDP_API)
+    # async: the reducer waits on the future; its completion is the op's (an empty kwargs read as sync, so
+    # every bucket all-reduce "completed" at issue and a rank that never joined it went unseen)
+    record = recorder.begin(_ALL_REDUCE, (buffer,), {"async_op": True}, group=group, api=DDP_API)
     recorder.depth.value += 1
     try:
         work = dist.all_reduce(buffer, group=group, async_op=True)

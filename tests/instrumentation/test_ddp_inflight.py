@@ -1,0 +1,30 @@
+"""DDP's bucket all-reduce is in flight while a peer has not joined it (it read as completed at issue)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mycroft import schema
+from tests.conftest import instrumented_env, run_torchrun
+
+JOB = Path(__file__).parent / "jobs" / "ddp_late.py"
+
+
+@pytest.mark.slow
+def test_the_bucket_all_reduce_waits_in_flight_for_a_late_peer(otlp_sink: tuple) -> None:
+    sink, port = otlp_sink
+    result = run_torchrun(JOB, 2, instrumented_env(port, MYCROFT_JOB_ID="ddp-late", MYCROFT_HEARTBEAT_INTERVAL="0.25"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    spans = sink.snapshot()
+    ddp = "torch.nn.parallel.DistributedDataParallel"
+    ages = [age for s in spans if s.kind == schema.KIND_HEARTBEAT and s.rank == 0
+            for op, age in zip(s.attributes[schema.ATTR_HB_INFLIGHT_OPS], s.attributes[schema.ATTR_HB_INFLIGHT_AGES_S],
+                               strict=True) if op == schema.OP_ALL_REDUCE]
+    assert ages and max(ages) >= 1.5, ages  # seen waiting, for seconds
+    ops = [s for s in spans if s.kind == schema.KIND_COLLECTIVE]
+    waited = [s for s in ops if s.rank == 0 and s.attributes[schema.ATTR_API] == ddp and s.end_ns - s.start_ns >= 2.5e9]
+    assert waited, "rank 0's bucket all-reduce of step 2 must last as long as rank 1 was late"
+    broadcasts = {s.attributes[schema.ATTR_API] for s in ops if s.attributes[schema.ATTR_OP] == schema.OP_BROADCAST}
+    assert "torch.distributed._broadcast_coalesced" in broadcasts  # DDP's buffer broadcast (BatchNorm)

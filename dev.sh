@@ -21,6 +21,9 @@ setup() {
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     .venv/bin/python -m pip install -q "$TORCH_PIN"
     .venv/bin/python -m pip install -q -e ".[collector,dev,analysis]"
+    # real training libraries the tests run (tests/instrumentation/test_libraries.py), held to the
+    # pinned torch; DeepSpeed and torchtitan run there too where installed (examples/frameworks/README.md)
+    .venv/bin/python -m pip install -q -c <(echo "$TORCH_PIN") accelerate==1.16.0 megatron-core==0.16.1
     echo "$want" > "$stamp"
   fi
   # native NCCL profiler plugin (C): rebuilt only when its sources change (make), or built

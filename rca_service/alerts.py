@@ -114,6 +114,9 @@ def alert_labels(incident: Incident) -> dict[str, str]:
         "incident_id": incident.id,
         "root_cause_kind": safe_label(causes[0].get("kind")) if causes else "unknown",
         "root_cause_ranks": ",".join(ranks[:16]) or "none",
+        # the user's name for the job (OTEL_SERVICE_NAME) and the launch, beside the job id
+        "mycroft_job_name": safe_label(incident.evidence.get("job_name") or incident.job),
+        "mycroft_run": safe_label(incident.evidence.get("run_id") or "none"),
     }
 
 

@@ -354,9 +354,14 @@ def incident_page(incident: dict[str, Any], api_base: str = "") -> str:
     sev = str(incident.get("severity", ""))
     status = str(incident.get("status", ""))
     view = incident.get("view") or {}
-    body = [f'<h1>{esc(str(incident.get("kind", "")).title())} in job {esc(incident.get("job", ""))} '
+    evidence = incident.get("evidence") or {}
+    named = str(evidence.get("job_name") or "")  # the user's name for the job (OTEL_SERVICE_NAME)
+    run = str(evidence.get("run_id") or "")
+    title = f"{named} ({incident.get('job', '')})" if named else str(incident.get("job", ""))
+    body = [f'<h1>{esc(str(incident.get("kind", "")).title())} in job <span id="job">{esc(title)}</span> '
             f'<span class="badge {esc(sev)}" id="severity">{esc(sev)}</span> '
-            f'<span class="badge {esc(status)}">{esc(status)}</span></h1>',
+            f'<span class="badge {esc(status)}">{esc(status)}</span></h1>'
+            + (f'<div class="muted" id="run">run {esc(run)}</div>' if run else ""),
             f'<div class="summary" id="summary">{esc(incident.get("summary", ""))}</div>',
             "<dl>",
             f'<dt>root cause</dt><dd id="root-cause-line"><strong>{esc(root_cause_line(incident))}</strong></dd>',

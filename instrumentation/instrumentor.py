@@ -21,6 +21,8 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type:
 
 log = logging.getLogger("mycroft.instrumentation")
 
+STARTUP_OWNER_ENV = "MYCROFT_STARTUP_PID"  # the pid of the process that reports a rank's start-up
+
 
 class MycroftInstrumentor(BaseInstrumentor):
     """Traces every collective and p2p op of torch.distributed, and heartbeats per rank.
@@ -65,7 +67,13 @@ class MycroftInstrumentor(BaseInstrumentor):
                 from mycroft.instrumentation.startup import StartupReporter, launch_facts
 
                 facts = launch_facts(os.environ)
+                # only the process the launcher started: its children (spawned DataLoader workers, a
+                # subprocess) inherit its environment and would report as the same rank
+                owner = os.environ.get(STARTUP_OWNER_ENV)
+                if owner and owner != str(os.getpid()):
+                    facts = None
                 if facts is not None:
+                    os.environ[STARTUP_OWNER_ENV] = str(os.getpid())
                     startup = StartupReporter(facts, config, base_resource, exporter, deliver)
             except Exception as exc:
                 log.info("mycroft: no start-up heartbeats (%r)", exc)

@@ -56,7 +56,11 @@ A block sleeps forever in `stuck_in_user_code()`.
 Ranks come from torchrun's RANK / WORLD_SIZE / LOCAL_RANK, else SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID (MASTER_ADDR / MASTER_PORT from the caller); `--spawn N` sets them per worker.
 Every framework here runs on torch 2.13 CPU + gloo with 4 ranks (mesh2d, fsdp2_hsdp and
-megatron_coalescing need exactly 4; pipe_* need >= 2).
+megatron_coalescing need exactly 4; pipe_* need >= 2), checked uninstrumented; FSDP2 needs
+set_force_sum_reduction_for_comms(True) on gloo (no ReduceOp.AVG). The compiled variants default
+to backend aot_eager (compiles in seconds); `--compile-backend inductor` runs too (about a
+minute of compiling per rank on the 2-core VM). What is not exercised here: CUDA-only paths
+(async TP / symmetric memory, DTensor's shard_dim_alltoall, NCCL's coalesced Works).
 """
 
 from __future__ import annotations
@@ -75,8 +79,6 @@ from .job3d import write_onset
 
 POINTS = ("before_forward", "between_fwd_bwd", "before_step")
 FAULTS = ("none", "block")
-COMPILED = ("tp_compiled", "compile_fullgraph")
-PIPELINES = ("pipe_gpipe", "pipe_1f1b", "pipe_interleaved", "pipe_zbv")
 DIM = 16
 BATCH = 8
 
@@ -133,7 +135,7 @@ class Ctx:
         since = None if self.first_step_at is None else round(time.time() - self.first_step_at, 3)
         write_onset(self.args.onset_file, fault="block", rank=self.rank, step=self.step, position=position,
                     framework=self.args.framework, after_warmup_step=self.args.fault_step,
-                    since_first_step_s=since)
+                    since_first_step_s=since, first_step_ended=self.warm_from)
         print(f"framework_jobs: rank {self.rank} blocks at step {self.step} {position}", file=sys.stderr, flush=True)
         stuck_in_user_code()
 
@@ -158,7 +160,6 @@ def _mlp(width: int = 32, out: int = 1, bn: bool = False) -> Any:
 class Framework:
     """A model, its parallelism and one training step."""
 
-    compiled = False
     loss_rank = 0  # the rank whose loss is reported
     model: Any
     opt: Any
@@ -312,8 +313,6 @@ class TpEager(Framework):
 
 
 class TpCompiled(TpEager):
-    compiled = True
-
     def _wrap(self, model: Any) -> Any:
         return self.torch.compile(model, backend=self.ctx.args.compile_backend)
 
@@ -322,8 +321,6 @@ class TpCompiled(TpEager):
 class CompileFullgraph(Framework):
     """One block compiled with fullgraph=True: a functional all_reduce in its forward (a statistic
     over the group) and an all_gather_tensor_autograd whose backward issues a reduce_scatter."""
-
-    compiled = True
 
     def setup(self) -> None:
         import torch
@@ -380,7 +377,6 @@ class Pipe(Framework):
             indices = [rank, 2 * world - 1 - rank]
         else:
             indices = [rank + k * world for k in range(self.stages_per_rank)]
-        self.indices = indices
         # every rank builds the whole model from the seed and keeps its stages
         torch.manual_seed(self.ctx.args.seed)
         full = [nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for _ in range(n_stages)]

@@ -170,7 +170,8 @@ def _watch(rca: Any, result: RunResult, proc: subprocess.Popen[bytes], onset_fil
         time.sleep(0.05)
     facts = json.loads(Path(onset_file).read_text())
     onset = result.onset = float(facts["onset"])
-    result.extra.update(position=facts.get("position"), onset_step=facts.get("step"))
+    result.extra.update(position=facts.get("position"), onset_step=facts.get("step"),
+                        first_step_ended=facts.get("first_step_ended"))
     diag = Diagnosis(None, False, False, 0)
     alert_at: float | None = None
     early = 0
@@ -200,6 +201,10 @@ def _watch(rca: Any, result: RunResult, proc: subprocess.Popen[bytes], onset_fil
     result.alert_s = alert_at - onset if alert_at is not None else None
     result.note = _brief(diag.incident) + ("" if alert_at is None else f"; alert {alert_at - onset:.2f}s")
     early_loud = [i for i in incidents if float(i["detected_at_unix"]) < onset and severity(i) != "info"]
+    steady_from = facts.get("first_step_ended")
+    # loud incidents between the end of the first step and the onset: the job ran steadily then
+    result.extra["false_alarms_steady"] = None if steady_from is None else \
+        sum(1 for i in early_loud if float(i["detected_at_unix"]) >= float(steady_from))
     if early_loud:
         first = min(early_loud, key=lambda i: float(i["detected_at_unix"]))
         result.note += (f"; {len(early_loud)} loud incident(s) before the onset, first "

@@ -45,7 +45,9 @@ def test_block_names_the_rank(rca: Any, framework: str, rank: int, step: int, po
     result = run_block(rca, framework, rank=rank, step=step, point=point, seed=5, timeout_s=15)
     assert result.onset is not None, result.note
     assert result.correct, (result.note, result.extra.get("incidents"), result.extra.get("log"))
-    assert result.false_alarms == 0, result.note
+    # no loud incident while the job ran steadily before the onset (the start-up window, where ranks
+    # compile and drift apart, is the healthy test's and the benchmark's `early` column's business)
+    assert not result.extra.get("false_alarms_steady"), result.note
     assert result.detection_s is not None and result.detection_s <= 5.0, result.note
     incident = result.incident
     assert incident is not None

@@ -44,6 +44,7 @@ POLL_WAIT_S = 30.0  # the service holds a poll this long at most (it caps it too
 RETRY_LOCK_S = 2.0  # a rank that is not the poller tries to become it this often
 BACKOFF_S = 5.0  # after a failed poll
 DEFAULT_EXIT_CODE = 75
+MAX_POLLER_GENERATIONS = 4  # successors of a frozen poller per host
 ABORT = "abort"
 
 
@@ -142,18 +143,33 @@ class DirectiveWatcher:
                                                                      self.started_unix) else None
 
     def _try_become_poller(self) -> None:
-        try:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
+        """Take the host's poller lock -- or its successor's, when the rank holding it is frozen or dead.
+
+        A SIGSTOPped poller keeps its flock (the kernel frees it only when the process ends), so
+        the lock file names its holder's pid: a rank that finds the holder stopped or gone takes
+        the next lock of the chain (`<lock>.1`, `.2`, ...) and polls in its place.
+        """
+        for generation in range(MAX_POLLER_GENERATIONS):
+            path = self.lock_path if generation == 0 else f"{self.lock_path}.{generation}"
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _holder_pid(fd)
+                os.close(fd)
+                if holder is None or _running(holder):
+                    return  # a live poller polls for the host
+                continue  # frozen or gone: the next in the chain
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+            self._lock_fd = fd
+            self._thread = threading.Thread(target=self._poll_loop, name="mycroft-directives", daemon=True)
+            self._thread.start()
             return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return
-        self._lock_fd = fd
-        self._thread = threading.Thread(target=self._poll_loop, name="mycroft-directives", daemon=True)
-        self._thread.start()
 
     # ------------------------------------------------------------------ the host's poller
     def _poll_loop(self) -> None:
@@ -202,6 +218,25 @@ class DirectiveWatcher:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _holder_pid(fd: int) -> int | None:
+    """The pid the lock's holder wrote into it (None: not written yet)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None
+
+
+def _running(pid: int, proc: str = "/proc") -> bool:
+    """The process exists and is not stopped (SIGSTOP), traced-stopped or a zombie."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as handle:
+            state = handle.read().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("T", "t", "Z", "X")
 
 
 def stopped_siblings(parent: int, proc: str = "/proc") -> list[int]:

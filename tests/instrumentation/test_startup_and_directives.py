@@ -110,3 +110,30 @@ def test_stopped_siblings_are_found_by_parent(tmp_path: Path) -> None:
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "stat").write_text(f"{pid} (python (x)) {state} {ppid} 1 1")
     assert directives.stopped_siblings(7, str(proc)) == [10]
+
+
+def test_a_frozen_poller_is_replaced_a_running_one_is_not(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    control = directives.Control("http://127.0.0.1:9", "")
+    watcher = directives.DirectiveWatcher(control, "frozen", "r", str(tmp_path))
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.pwrite(fd, str(os.getpid()).encode(), 0); print('held', flush=True); "
+            "time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, watcher.lock_path], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        watcher._try_become_poller()
+        assert watcher._thread is None  # a live poller polls for the host
+        os.kill(holder.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        watcher._try_become_poller()
+        assert watcher._thread is not None  # its successor does
+        assert Path(f"{watcher.lock_path}.1").read_text() == str(os.getpid())
+    finally:
+        watcher.stop()
+        holder.kill()
+        holder.wait()

@@ -45,6 +45,7 @@ RETRY_LOCK_S = 2.0  # a rank that is not the poller tries to become it this ofte
 BACKOFF_S = 5.0  # after a failed poll
 DEFAULT_EXIT_CODE = 75
 MAX_POLLER_GENERATIONS = 4  # successors of a frozen poller per host
+HOST_GATHER_S = 3.0  # how long a leaving rank waits for its host's other live ranks to have read the abort
 ABORT = "abort"
 
 
@@ -212,12 +213,46 @@ class DirectiveWatcher:
             json.dump(directive, handle)
         os.replace(tmp, self.relay_path)
 
+    # ------------------------------------------------------------------ leaving together
+    def acknowledge(self, directive: Mapping[str, Any]) -> None:
+        """Mark this rank as having read the abort (a file per pid beside the relay file)."""
+        with contextlib.suppress(OSError):
+            open(_ack_prefix(self.relay_path, directive) + str(os.getpid()), "w").close()
+
+    def wait_for_host(self, directive: Mapping[str, Any], local_ranks: int, timeout_s: float = HOST_GATHER_S) -> int:
+        """Hold this rank until every live rank of its host has read the abort (or `timeout_s`).
+
+        The launcher tears the job down when its first worker exits (torchrun SIGTERMs the
+        rest), so a rank that leaves at once can silence a sibling whose runtime thread had
+        not yet read the relay file: that sibling's log would lack the line naming the root
+        cause. A frozen rank reads nothing: it is not waited for. Returns the ranks counted.
+        """
+        prefix = _ack_prefix(self.relay_path, directive)
+        directory, name = os.path.split(prefix)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                acked = sum(1 for entry in os.listdir(directory) if entry.startswith(name))
+            except OSError:
+                return 0
+            # the host's live ranks: its launcher's running workers, at most as many as it started
+            expected = min(local_ranks, len(siblings(os.getppid())[0]) + 1)
+            if acked >= expected or time.monotonic() >= deadline:
+                return acked
+            time.sleep(0.02)
+
     def stop(self) -> None:
         self._stop.set()
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _ack_prefix(relay_path: str, directive: Mapping[str, Any]) -> str:
+    """Acks are per directive: a relaunch under the same job id counts afresh."""
+    tag = directive.get("seq", directive.get("issued_at_unix", ""))
+    return f"{relay_path}.{tag}.ack."
 
 
 def _holder_pid(fd: int) -> int | None:
@@ -239,9 +274,10 @@ def _running(pid: int, proc: str = "/proc") -> bool:
     return state not in ("T", "t", "Z", "X")
 
 
-def stopped_siblings(parent: int, proc: str = "/proc") -> list[int]:
-    """Processes of the same parent (the launcher's other workers) that are stopped (SIGSTOP, state T)."""
-    found = []
+def siblings(parent: int, proc: str = "/proc") -> tuple[list[int], list[int]]:
+    """(running, stopped) processes of the same parent -- the launcher's other workers -- but this one."""
+    running: list[int] = []
+    stopped: list[int] = []
     with contextlib.suppress(OSError):
         for entry in os.listdir(proc):
             if not entry.isdigit() or int(entry) == os.getpid():
@@ -251,9 +287,17 @@ def stopped_siblings(parent: int, proc: str = "/proc") -> list[int]:
                     fields = handle.read().rsplit(")", 1)[-1].split()
             except OSError:
                 continue
-            if len(fields) > 1 and fields[0] in ("T", "t") and fields[1] == str(parent):
-                found.append(int(entry))
-    return found
+            if len(fields) > 1 and fields[1] == str(parent):
+                if fields[0] in ("T", "t"):
+                    stopped.append(int(entry))
+                elif fields[0] not in ("Z", "X"):
+                    running.append(int(entry))
+    return running, stopped
+
+
+def stopped_siblings(parent: int, proc: str = "/proc") -> list[int]:
+    """Processes of the same parent (the launcher's other workers) that are stopped (SIGSTOP, state T)."""
+    return siblings(parent, proc)[1]
 
 
 def reap_stopped_siblings() -> int:

@@ -541,8 +541,15 @@ class Runtime:
         with contextlib.suppress(Exception):
             sys.stderr.write(abort_line(directive) + "\n")
             sys.stderr.flush()
+        watcher = self._directives
+        if watcher is not None:
+            watcher.acknowledge(directive)
         with contextlib.suppress(Exception):
             self.final(exit_reason=schema.EXIT_REASON_ABORTED, timeout_s=1.0)
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                facts = launch_facts(os.environ)
+                watcher.wait_for_host(directive, facts.local_world_size if facts else 0)
         abort_process_groups(1.0)
         reap_stopped_siblings()
         os._exit(code)

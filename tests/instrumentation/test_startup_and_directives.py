@@ -137,3 +137,44 @@ def test_a_frozen_poller_is_replaced_a_running_one_is_not(tmp_path: Path) -> Non
         watcher.stop()
         holder.kill()
         holder.wait()
+
+
+_GATHER = """
+import sys, time
+from mycroft.instrumentation import directives
+control = directives.Control("http://127.0.0.1:9", "")
+watcher = directives.DirectiveWatcher(control, "gather", "r", sys.argv[1])
+abort = {"seq": 9, "action": "abort"}
+time.sleep(float(sys.argv[2]))
+if sys.argv[3] == "ack":
+    watcher.acknowledge(abort)
+started = time.monotonic()
+counted = watcher.wait_for_host(abort, int(sys.argv[4]), timeout_s=8.0)
+print(counted, round(time.monotonic() - started, 2), flush=True)
+"""
+
+
+def _siblings(tmp_path: Path, *specs: tuple[float, str, int]) -> list[tuple[int, float]]:
+    """Run one gathering process per (delay, ack|quit, local ranks) as siblings; their (counted, waited)."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _GATHER, str(tmp_path), str(delay), what, str(ranks)],
+                              stdout=subprocess.PIPE, text=True) for delay, what, ranks in specs]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        counted, waited = out.split()
+        results.append((int(counted), float(waited)))
+    return results
+
+
+def test_a_leaving_rank_waits_for_its_hosts_live_ranks_to_read_the_abort(tmp_path: Path) -> None:
+    # the first reader waits for the slow one (1.5 s later), not the whole 8 s
+    (first, waited), (second, _) = _siblings(tmp_path, (0.0, "ack", 2), (1.5, "ack", 2))
+    assert first == 2 and second == 2 and 0.8 < waited < 6.0, (first, waited)
+
+
+def test_a_sibling_that_ends_without_reading_is_not_waited_for(tmp_path: Path) -> None:
+    (first, waited), _ = _siblings(tmp_path, (0.0, "ack", 2), (1.0, "quit", 0))
+    assert first == 1 and waited < 6.0, (first, waited)

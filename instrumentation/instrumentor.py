@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from mycroft.instrumentation import patching
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.recorder import Recorder
+from mycroft.instrumentation.startup import init_environment
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 log = logging.getLogger("mycroft.instrumentation")
@@ -61,28 +62,33 @@ class MycroftInstrumentor(BaseInstrumentor):
         base_resource = getattr(provider, "resource", None) if provider is not None else None
         exporter = kwargs.get("span_exporter")
 
-        startup = None
-        if not dist.is_initialized():
-            try:  # heartbeats from process start, where the launcher tells who we are
+        def start_reporting(env: Mapping[str, str]) -> Any:
+            """Heartbeats from here on, where the launcher (or init's arguments) tell who we are."""
+            try:
                 from mycroft.instrumentation.startup import StartupReporter, launch_facts
 
-                facts = launch_facts(os.environ)
+                facts = launch_facts(env)
                 # only the process the launcher started: its children (spawned DataLoader workers, a
                 # subprocess) inherit its environment and would report as the same rank
                 owner = os.environ.get(STARTUP_OWNER_ENV)
-                if owner and owner != str(os.getpid()):
-                    facts = None
-                if facts is not None:
-                    os.environ[STARTUP_OWNER_ENV] = str(os.getpid())
-                    startup = StartupReporter(facts, config, base_resource, exporter, deliver)
+                if facts is None or (owner and owner != str(os.getpid())):
+                    return None
+                os.environ[STARTUP_OWNER_ENV] = str(os.getpid())
+                return StartupReporter(facts, config, base_resource, exporter, deliver)
             except Exception as exc:
                 log.info("mycroft: no start-up heartbeats (%r)", exc)
-        self._startup = startup
+                return None
 
-        def entering_init() -> None:
+        self._startup = start_reporting(os.environ) if not dist.is_initialized() else None
+
+        def entering_init(init_kwargs: Mapping[str, Any]) -> None:
+            from mycroft import schema
+
+            if self._startup is None and self._runtime is None:
+                # mp.spawn's workers learn their rank only now (the parent sets RANK in the child,
+                # or passes rank= / world_size=): report the rendezvous from here on
+                self._startup = start_reporting(init_environment(os.environ, init_kwargs))
             if self._startup is not None:
-                from mycroft import schema
-
                 self._startup.enter(schema.PHASE_RENDEZVOUS)
 
         def start_runtime() -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mycroft.instrumentation.ops import (
@@ -446,9 +447,17 @@ def _ddp_builtin_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any
     return wrapper
 
 
+def _init_arguments(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """init_process_group's arguments by name (positional ones included)."""
+    try:
+        return dict(inspect.signature(original).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return dict(kwargs)
+
+
 def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
             on_init: Callable[[], None], on_destroy: Callable[[], None],
-            on_init_start: Callable[[], None] | None = None) -> None:
+            on_init_start: Callable[[Mapping[str, Any]], None] | None = None) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -466,7 +475,7 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if on_init_start is not None:
                 try:
-                    on_init_start()
+                    on_init_start(_init_arguments(original, args, kwargs))
                 except Exception as exc:
                     recorder._note_error("init_process_group", exc)
             result = original(*args, **kwargs)

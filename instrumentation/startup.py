@@ -103,6 +103,23 @@ def launch_facts(env: Mapping[str, str]) -> LaunchFacts | None:
     return LaunchFacts(rank, world, max(local, 0), node, per_node, job, launcher, slurm_job)
 
 
+def init_environment(env: Mapping[str, str], init_kwargs: Mapping[str, Any]) -> dict[str, str]:
+    """The launcher's environment completed by init_process_group's own arguments (pure): a process
+    started without RANK / WORLD_SIZE (mp.spawn passing rank=, a tcp:// init_method) says who it is
+    only there."""
+    merged = dict(env)
+    for key, name in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+        value = init_kwargs.get(key)
+        if isinstance(value, int) and value >= 0 and name not in merged:
+            merged[name] = str(value)
+    method = init_kwargs.get("init_method")
+    if isinstance(method, str) and method.startswith("tcp://") and "MASTER_ADDR" not in merged:
+        host, _, port = method[len("tcp://"):].split("?", 1)[0].rpartition(":")
+        if host and port.isdigit():
+            merged["MASTER_ADDR"], merged["MASTER_PORT"] = host.strip("[]"), port
+    return merged
+
+
 def launch_resource(facts: LaunchFacts) -> dict[str, AttrValue]:
     """The resource attributes a rank has before init (the runtime's adds the run id)."""
     attributes: dict[str, AttrValue] = {

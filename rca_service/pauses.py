@@ -30,7 +30,13 @@ class Phase:
     name: str
     pattern: str
     budget_s: float
+    # when set, the innermost frame must match it too: the rank is inside the library's own
+    # machinery, not in user code that the library called (a block in a graph break's eager
+    # code runs under torch/_dynamo frames, and is no compilation)
+    innermost: str = ""
 
+
+_LIBRARY_FRAME = r"site-packages/|dist-packages/|<frozen |/lib/python3\.\d+/"
 
 # Defaults: frames of the usual libraries and the usual names. The budget is how long
 # such a pause may last before it pages someone.
@@ -41,6 +47,12 @@ DEFAULT_PHASES: tuple[Phase, ...] = (
                         r"(_\w+)?$", 600.0),
     Phase("data loading", r"torch/utils/data/|dataloader|in _?(load|next|fetch|get|prefetch)_?\w*batch\w*$|"
                           r"in __next__$", 120.0),
+    # the first steps of a compiled model: ranks compile (or run a freshly compiled graph's
+    # wrappers) at different speeds, minutes for a large model, while their peers wait
+    Phase("compilation", r"torch/_dynamo/|torch/_inductor/|torch/_functorch/|torch/fx/|triton/compiler", 900.0,
+          innermost=_LIBRARY_FRAME),
+    # torch imports much lazily on first use (DTensor's op strategies, inductor's passes)
+    Phase("importing", r"<frozen importlib\._bootstrap", 300.0, innermost=_LIBRARY_FRAME),
 )
 
 
@@ -75,8 +87,11 @@ def stack_signature(stack: str, frames: int = 4) -> str:
 def match_phase(stack: str, phases: tuple[Phase, ...]) -> Phase | None:
     """The expected phase the stack is in (innermost frame first), if any."""
     lines = [line.strip() for line in stack.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    eligible = [phase for phase in phases if not phase.innermost or re.search(phase.innermost, lines[-1])]
     for line in reversed(lines):
-        for phase in phases:
+        for phase in eligible:
             if re.search(phase.pattern, line, flags=re.IGNORECASE):
                 return phase
     return None

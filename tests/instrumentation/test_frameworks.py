@@ -57,6 +57,15 @@ def test_block_names_the_rank(rca: Any, framework: str, rank: int, step: int, po
         assert incident["kind"] == "hang" and top["kind"] == "not_entered", incident
 
 
+def test_a_rank_that_never_reaches_init_under_mp_spawn_is_named(rca: Any) -> None:
+    """mp.spawn's workers get RANK only in the child, after opentelemetry-instrument loaded Mycroft:
+    the waiting ranks report the rendezvous from init_process_group on, the absent one is named."""
+    result = run_block(rca, "startup", launcher="spawn", rank=2, step=0, seed=7, timeout_s=15)
+    assert result.onset is not None, result.note
+    assert result.correct, (result.note, result.extra.get("incidents"), result.extra.get("log"))
+    assert result.incident is not None and result.incident["root_causes"][0]["rank"] == 2
+
+
 def test_healthy_fullgraph_compile(rca: Any) -> None:
     result = run_healthy(rca, "compile_fullgraph", seed=3, steps=8)
     traced, plain = result.extra["traced"], result.extra["reference"]

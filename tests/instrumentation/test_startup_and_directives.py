@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mycroft.instrumentation import directives
-from mycroft.instrumentation.startup import launch_facts, launch_job_id
+from mycroft.instrumentation.startup import init_environment, launch_facts, launch_job_id
 
 
 def test_torchrun_facts_and_a_job_id_every_node_shares() -> None:
@@ -178,3 +178,13 @@ def test_a_leaving_rank_waits_for_its_hosts_live_ranks_to_read_the_abort(tmp_pat
 def test_a_sibling_that_ends_without_reading_is_not_waited_for(tmp_path: Path) -> None:
     (first, waited), _ = _siblings(tmp_path, (0.0, "ack", 2), (1.0, "quit", 0))
     assert first == 1 and waited < 6.0, (first, waited)
+
+
+def test_init_arguments_complete_what_the_launcher_did_not_say() -> None:
+    env = init_environment({}, {"rank": 2, "world_size": 4, "init_method": "tcp://10.0.0.5:29500"})
+    facts = launch_facts(env)
+    assert facts is not None and (facts.rank, facts.world_size) == (2, 4) and facts.job_id.startswith("job-")
+    assert env["MASTER_ADDR"] == "10.0.0.5" and env["MASTER_PORT"] == "29500"
+    # the launcher's word wins; defaults (-1) and other init methods add nothing
+    assert init_environment({"RANK": "1", "WORLD_SIZE": "8"}, {"rank": 3})["RANK"] == "1"
+    assert launch_facts(init_environment({}, {"rank": -1, "world_size": -1, "init_method": "env://"})) is None

@@ -403,3 +403,31 @@ def test_mild_imbalance_compares_with_same_work_peers_and_pauses_are_not_slownes
     paused = _work_job({0: [0.6] * 8 + [1.0] * 6, 1: [0.6] * 8 + [0.0] * 6, 2: [0.6] * 8 + [0.0] * 6,
                         3: [0.6] * 8 + [0.0] * 6}, {r: [10] * 8 + [0] * 6 for r in range(4)})
     assert find_straggle(paused, AnalysisConfig()) is None
+
+
+SITE = "/venv/lib/python3.11/site-packages/torch"
+COMPILE_STACK = (f"train.py:30 in step\n{SITE}/_dynamo/eval_frame.py:1446 in _fn\n"
+                 f"{SITE}/_functorch/_aot_autograd/graph_compile.py:2453 in aot_stage2_autograd\n"
+                 f"{SITE}/_functorch/partitioners.py:2114 in solve_min_cut")
+LAZY_IMPORT_STACK = (f"train.py:30 in step\n<frozen importlib._bootstrap>:690 in _load_unlocked\n"
+                     f"{SITE}/distributed/tensor/_ops/_pointwise_ops.py:580 in <module>\n"
+                     f"{SITE}/distributed/tensor/_sharding_prop.py:452 in register_single_dim_op_strategy")
+
+
+def test_compiling_and_lazy_imports_of_the_first_steps_are_pauses_not_hangs() -> None:
+    """Seen on healthy 4-rank jobs: one rank compiles (torch.compile fullgraph) or imports DTensor's
+    op strategies for 4-7 s while its peers wait in the first collective: no page."""
+    for stack, phase in ((COMPILE_STACK, "compilation"), (LAZY_IMPORT_STACK, "importing")):
+        engine, job = _healthy()
+        events = _hold(engine, job, 4.0, holder=1, stack=stack)
+        fired = [e.incident for e in events if e.action == "fired"]
+        assert len(fired) == 1 and fired[0].severity == "info", (phase, fired)
+        assert fired[0].evidence["pause"]["phase"] == phase
+        assert not any(should_alert(e.action, e.incident, "critical") for e in events)
+    # a block in the user's own code, with torch's modules around it, is no such pause: not even in
+    # a graph break's eager code, which runs under torch/_dynamo frames, nor in the user's own import
+    phases = AnalysisConfig().phases
+    assert match_phase(f"{SITE}/nn/modules/module.py:1 in _call_impl\n" + HANG_STACK, phases) is None
+    assert match_phase(f"{SITE}/_dynamo/eval_frame.py:1446 in _fn\n" + HANG_STACK, phases) is None
+    assert match_phase("<frozen importlib._bootstrap>:690 in _load_unlocked\n/work/mydata.py:3 in <module>",
+                       phases) is None

@@ -29,6 +29,9 @@ class OpSpec:
     reduce_op: ArgRef = NO_ARG
     always_async: bool = False
     is_send: bool = False
+    # torch issues one collective per bucket from C++ (DDP's buffer broadcast: one per dtype), all
+    # done when the sync call returns: the call covers every seq the group advanced by
+    issues_many: bool = False
     is_p2p: bool = False  # derived from op in __post_init__: a plain field is cheaper on the hot path
 
     def __post_init__(self) -> None:
@@ -79,7 +82,7 @@ C10D_SPECS: tuple[OpSpec, ...] = (
 # per-forward buffer broadcast. Several broadcasts of at most buffer_size bytes each: the op is
 # recorded once, with the seq of the first; the Flight Recorder's frontier covers the rest.
 C10D_ONLY_IN_DIST: tuple[OpSpec, ...] = (
-    OpSpec("_broadcast_coalesced", schema.OP_BROADCAST, (1, ""), (0, ""), group_root=(3, "")),
+    OpSpec("_broadcast_coalesced", schema.OP_BROADCAST, (1, ""), (0, ""), group_root=(3, ""), issues_many=True),
 )
 
 # _coalescing_manager: the block's ops, by the function torch recorded for each, are one collective

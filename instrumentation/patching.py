@@ -164,6 +164,8 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
             depth.value -= 1
         if collective and not record.async_op:  # a sync collective on a host-synchronous group: done
             recorder.complete(record)
+            if spec.issues_many:
+                recorder.complete_through_call(record)
         else:
             recorder.issued(record, result)
         return result

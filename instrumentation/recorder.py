@@ -295,6 +295,20 @@ class Recorder:
         if record.seq > record.group.issued:
             record.group.issued = record.seq
 
+    def complete_through_call(self, record: OpRecord) -> None:
+        """A sync call that issued several collectives from C++ returned: every seq it took is done
+        (the Flight Recorder's completion of gloo's last one can lag for seconds, and the seq would
+        read as a C++ op in flight on a rank that moved on)."""
+        try:
+            info = record.group
+            last = info.counter() - info.p2p_counter_delta
+            if last > info.completed:
+                info.completed = last
+            if last > info.issued:
+                info.issued = last
+        except Exception as exc:
+            self._note_error(record.api, exc)
+
     def failed(self, record: OpRecord, exc: BaseException) -> None:
         record.error = f"{type(exc).__name__}: {exc}"[:512]
         timeout = "timeout" in record.error.lower() or "timed out" in record.error.lower()

@@ -55,6 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.instrumentation_overhead import ab_times_ratio  # noqa: E402
 from mycroft.faults.framework_jobs import FRAMEWORKS, POINTS  # noqa: E402
 from mycroft.faults.framework_runs import (  # noqa: E402
     LAUNCHERS,
@@ -211,22 +212,9 @@ def ab_ratio(framework: str, steps: int, block: int, grpc_port: int) -> dict[str
             kill_tree(proc)
         if code != 0:
             return {"framework": framework, "error": f"exit {code}: " + log.read_text(errors="replace")[-2000:]}
-        per_mode: dict[str, list[list[float]]] = {"traced": [], "plain": []}
-        for mode, lists in per_mode.items():
-            for path in sorted(Path(out).glob(f"steps-*-{mode}.txt")):
-                lists.append([float(v) for v in path.read_text().split()])
-    usable = block - 2
-    plain_all = [t for times in per_mode["plain"] for t in times]
-    traced_all = [t for times in per_mode["traced"] for t in times]
-    pairs = []
-    for index in range(min(len(per_mode["plain"][0]), len(per_mode["traced"][0])) // usable):
-        window = slice(index * usable, (index + 1) * usable)
-        p = [t for times in per_mode["plain"] for t in times[window]]
-        q = [t for times in per_mode["traced"] for t in times[window]]
-        pairs.append(statistics.median(q) / statistics.median(p))
-    plain, traced = statistics.median(plain_all), statistics.median(traced_all)
+        plain, traced, ratio, pairs = ab_times_ratio(Path(out), block)
     return {"framework": framework, "steps": steps, "block": block, "plain_ms": plain * 1e3,
-            "traced_ms": traced * 1e3, "ratio": traced / plain, "pair_ratios": pairs}
+            "traced_ms": traced * 1e3, "ratio": ratio, "pair_ratios": pairs}
 
 
 # ------------------------------------------------------------------------------------------ report

@@ -62,10 +62,16 @@ def ab_step_time_ratio(steps: int, block: int, port: int) -> tuple[float, float,
                                 text=True, timeout=900)
         if result.returncode != 0:
             raise SystemExit(result.stderr[-3000:])
-        per_mode: dict[str, list[list[float]]] = {"traced": [], "plain": []}
-        for mode in per_mode:
-            for path in sorted(out.glob(f"steps-*-{mode}.txt")):
-                per_mode[mode].append([float(v) for v in path.read_text().split()])
+        return ab_times_ratio(out, block)
+
+
+def ab_times_ratio(out: Path, block: int) -> tuple[float, float, float, list[float]]:
+    """Read an --ab-block run's per-rank step times (`steps-<rank>-<traced|plain>.txt`, each mode's
+    blocks less their first 2 steps): (plain median, traced median, ratio, per-block-pair ratios)."""
+    per_mode: dict[str, list[list[float]]] = {"traced": [], "plain": []}
+    for mode in per_mode:
+        for path in sorted(out.glob(f"steps-*-{mode}.txt")):
+            per_mode[mode].append([float(v) for v in path.read_text().split()])
     usable = block - 2
     plain_all = [t for rank_times in per_mode["plain"] for t in rank_times]
     traced_all = [t for rank_times in per_mode["traced"] for t in rank_times]

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .inject import RunResult, _watch_healthy, free_port, job_env, kill_tree
-from .scoring import Diagnosis, critical_at, diagnose, first_alert, severity
+from .inject import RunResult, _watch_healthy, alerts_around, free_port, job_env, kill_tree, wait_for_onset
+from .scoring import Diagnosis, diagnose, severity
 
 LAUNCHERS = ("torchrun", "distributed_run", "spawn", "srun", "in_code")
 MODULE = "mycroft.faults.framework_jobs"
@@ -162,13 +162,10 @@ def _brief(incident: dict[str, Any] | None) -> str:
 def _watch(rca: Any, result: RunResult, proc: subprocess.Popen[bytes], onset_file: str, startup_s: float,
            timeout_s: float, startup_fault: bool) -> None:
     """Wait for the onset, then poll the incidents until the verdict is right, or wrong and settled."""
-    deadline = time.time() + startup_s
-    while not os.path.exists(onset_file):
-        if proc.poll() is not None or time.time() > deadline:
-            result.note = f"no onset (job exit {proc.poll()})"
-            return
-        time.sleep(0.05)
-    facts = json.loads(Path(onset_file).read_text())
+    facts = wait_for_onset(proc, onset_file, startup_s)
+    if facts is None:
+        result.note = f"no onset (job exit {proc.poll()})"
+        return
     onset = result.onset = float(facts["onset"])
     result.extra.update(position=facts.get("position"), onset_step=facts.get("step"),
                         first_step_ended=facts.get("first_step_ended"))
@@ -180,12 +177,7 @@ def _watch(rca: Any, result: RunResult, proc: subprocess.Popen[bytes], onset_fil
         incidents = rca.incidents(result.job)
         diag = (diagnose_startup(result.rank, onset, incidents) if startup_fault
                 else diagnose("block", result.rank, onset, incidents))
-        posts = rca.alerts()
-        if posts is not None:
-            alert_at, early = first_alert(result.job, onset, posts)
-        else:
-            crit = [c for c in (critical_at(i) for i in incidents) if c is not None]
-            alert_at, early = min((c for c in crit if c >= onset), default=None), sum(c < onset for c in crit)
+        alert_at, early = alerts_around(rca, result.job, onset, incidents)
         settled = diag.settled_wrong and diag.incident is not None and \
             now - float(diag.incident["detected_at_unix"]) > 5.0
         if (diag.correct and (alert_at is not None or now > onset + min(timeout_s, 10.0))) or settled:

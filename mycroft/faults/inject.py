@@ -382,16 +382,34 @@ def _watch_healthy(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], w
         result.note += f"; slow rank {slow_rank} {'named' if verdict.slow_rank_named else 'not named'}"
 
 
+def wait_for_onset(proc: subprocess.Popen[bytes], onset_file: str, startup_s: float) -> dict[str, Any] | None:
+    """The facts the job wrote when its fault struck; None when it ended or `startup_s` passed first."""
+    deadline = time.time() + startup_s
+    while not os.path.exists(onset_file):
+        if proc.poll() is not None or time.time() > deadline:
+            return None
+        time.sleep(0.05)
+    facts: dict[str, Any] = json.loads(Path(onset_file).read_text())
+    return facts
+
+
+def alerts_around(rca: Rca, job: str, onset: float, incidents: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """(the first alert of `job` at or after the onset, how many came before it): from the receiver's
+    posts when there is one, else from the incidents' critical times."""
+    posts = rca.alerts()
+    if posts is not None:
+        return first_alert(job, onset, posts)
+    crit = [c for c in (critical_at(i) for i in incidents) if c is not None]
+    return min((c for c in crit if c >= onset), default=None), sum(c < onset for c in crit)
+
+
 def _watch_fault(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], onset_file: str,
                  startup_timeout_s: float, timeout_s: float, alert_timeout_s: float, log_path: str,
                  until: Callable[[dict[str, Any]], bool] | None = None) -> None:
-    deadline = time.time() + startup_timeout_s
-    while not os.path.exists(onset_file):
-        if proc.poll() is not None or time.time() > deadline:
-            result.note = f"no onset (job exit {proc.poll()}); see {log_path}"
-            return
-        time.sleep(0.05)
-    facts = json.loads(Path(onset_file).read_text())
+    facts = wait_for_onset(proc, onset_file, startup_timeout_s)
+    if facts is None:
+        result.note = f"no onset (job exit {proc.poll()}); see {log_path}"
+        return
     onset = result.onset = float(facts["onset"])
     result.extra.update(position=facts.get("position"), onset_step=facts.get("step"),
                         since_init_s=facts.get("since_init_s"))
@@ -408,12 +426,7 @@ def _watch_fault(rca: Rca, result: RunResult, proc: subprocess.Popen[bytes], ons
         diag = diagnose(result.fault, result.rank, onset, incidents)
         if diag.correct and seen_right is None:
             seen_right = now
-        posts = rca.alerts()
-        if posts is not None:
-            alert_at, early = first_alert(result.job, onset, posts)
-        else:
-            crit = [c for c in (critical_at(i) for i in incidents) if c is not None]
-            alert_at, early = min((c for c in crit if c >= onset), default=None), sum(c < onset for c in crit)
+        alert_at, early = alerts_around(rca, result.job, onset, incidents)
         diagnosed = diag.correct or (diag.settled_wrong and diag.incident is not None
                                      and now - float(diag.incident["detected_at_unix"]) > settle_s)
         if diagnosed and alert_at is None and not pages and diag.incident is not None:

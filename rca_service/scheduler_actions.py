@@ -43,7 +43,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -118,40 +118,24 @@ def _check_job(job_id: str) -> None:
 def slurm_drain(node: str, reason: str, *, scontrol: str = "scontrol", timeout_s: float = 10.0,
                 env: Mapping[str, str] | None = None) -> ActionResult:
     """Drain `node` (no new jobs; running ones finish) with `reason` shown by ``sinfo -R``."""
-    try:
-        argv = slurm_drain_argv(node, reason, scontrol)
-    except ValueError as exc:
-        return ActionResult(False, str(exc))
-    return _run_command(argv, None, timeout_s, env)
+    return _run_built(lambda: slurm_drain_argv(node, reason, scontrol), timeout_s, env)
 
 
 def slurm_resume(node: str, *, scontrol: str = "scontrol", timeout_s: float = 10.0,
                  env: Mapping[str, str] | None = None) -> ActionResult:
     """Undo a drain: the node takes jobs again."""
-    try:
-        argv = slurm_resume_argv(node, scontrol)
-    except ValueError as exc:
-        return ActionResult(False, str(exc))
-    return _run_command(argv, None, timeout_s, env)
+    return _run_built(lambda: slurm_resume_argv(node, scontrol), timeout_s, env)
 
 
 def slurm_requeue(job_id: str, *, scontrol: str = "scontrol", timeout_s: float = 10.0,
                   env: Mapping[str, str] | None = None) -> ActionResult:
     """Requeue a batch job (it must be requeueable: ``--requeue`` or JobRequeue=1)."""
-    try:
-        argv = slurm_requeue_argv(job_id, scontrol)
-    except ValueError as exc:
-        return ActionResult(False, str(exc))
-    return _run_command(argv, None, timeout_s, env)
+    return _run_built(lambda: slurm_requeue_argv(job_id, scontrol), timeout_s, env)
 
 
 def slurm_cancel(job_id: str, *, scancel: str = "scancel", timeout_s: float = 10.0,
                  env: Mapping[str, str] | None = None) -> ActionResult:
-    try:
-        argv = slurm_cancel_argv(job_id, scancel)
-    except ValueError as exc:
-        return ActionResult(False, str(exc))
-    return _run_command(argv, None, timeout_s, env)
+    return _run_built(lambda: slurm_cancel_argv(job_id, scancel), timeout_s, env)
 
 
 def k8s_cordon_request(node: str, api_server: str, token: str | None) -> urllib.request.Request:
@@ -208,6 +192,15 @@ def run_exec(argv: Sequence[str], stdin_json: bytes, timeout_s: float, *,
     if isinstance(argv, str | bytes) or not argv:
         return ActionResult(False, "run_exec: argv must be a non-empty list of arguments")
     return _run_command([str(arg) for arg in argv], stdin_json, timeout_s, env)
+
+
+def _run_built(build: Callable[[], list[str]], timeout_s: float, env: Mapping[str, str] | None) -> ActionResult:
+    """Run the command `build` makes; its ValueError (an invalid node or job id) is the result."""
+    try:
+        argv = build()
+    except ValueError as exc:
+        return ActionResult(False, str(exc))
+    return _run_command(argv, None, timeout_s, env)
 
 
 def _run_command(argv: list[str], stdin: bytes | None, timeout_s: float,

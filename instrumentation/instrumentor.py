@@ -17,7 +17,7 @@ from typing import Any
 from mycroft.instrumentation import patching
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.recorder import Recorder
-from mycroft.instrumentation.startup import init_environment
+from mycroft.instrumentation.startup import StartupReporter, init_environment, launch_facts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 log = logging.getLogger("mycroft.instrumentation")
@@ -65,8 +65,6 @@ class MycroftInstrumentor(BaseInstrumentor):
         def start_reporting(env: Mapping[str, str]) -> Any:
             """Heartbeats from here on, where the launcher (or init's arguments) tell who we are."""
             try:
-                from mycroft.instrumentation.startup import StartupReporter, launch_facts
-
                 facts = launch_facts(env)
                 # only the process the launcher started: its children (spawned DataLoader workers, a
                 # subprocess) inherit its environment and would report as the same rank

@@ -80,7 +80,7 @@ C10D_SPECS: tuple[OpSpec, ...] = (
 
 # torch.distributed only (a C++ function): DDP's parameter broadcast at construction and its
 # per-forward buffer broadcast. Several broadcasts of at most buffer_size bytes each: the op is
-# recorded once, with the seq of the first; the Flight Recorder's frontier covers the rest.
+# recorded once, with the seq of the first; its return covers the rest (issues_many).
 C10D_ONLY_IN_DIST: tuple[OpSpec, ...] = (
     OpSpec("_broadcast_coalesced", schema.OP_BROADCAST, (1, ""), (0, ""), group_root=(3, ""), issues_many=True),
 )

@@ -139,7 +139,15 @@ class EmbeddedCollector:
         return env
 
     def environment(self) -> dict[str, str]:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("ROTEL_")}
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith("ROTEL_") and key not in ("VIRTUAL_ENV", "PYTHONHOME")}
+        # an activated venv puts its python first on PATH; rotel's embedded CPython finds its home
+        # through it (pyvenv.cfg) and would load this interpreter's standard library, not its own
+        # (ImportError: _ssl ... undefined symbol)
+        if sys.prefix != sys.base_prefix:
+            venv_bin = os.path.realpath(os.path.join(sys.prefix, "bin"))
+            env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                          if p and os.path.realpath(p) != venv_bin)
         # rotel's embedded CPython is the system one: give it this interpreter's packages
         # (site directories only: its own standard library must stay its own)
         paths = [*site.getsitepackages(), site.getusersitepackages(),

@@ -139,3 +139,24 @@ def test_stopping_the_embedded_collector_flushes_open_collectives(tmp_path: Path
     finally:
         collector.stop()
         receiver.stop(0)
+
+
+def test_rotel_starts_under_an_activated_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`source .venv/bin/activate` puts the venv's python first on PATH: rotel's embedded CPython
+    found its home through it and loaded this interpreter's standard library (ImportError: _ssl)."""
+    import os
+    import sys
+
+    venv_bin = os.path.join(sys.prefix, "bin")
+    monkeypatch.setenv("PATH", os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
+    receiver = OtlpReceiver(SpanSink(), "127.0.0.1:0", None).start()
+    collector = EmbeddedCollector([f"http://127.0.0.1:{receiver.grpc_port}"], f"127.0.0.1:{free_port()}",
+                                  f"127.0.0.1:{free_port()}", ProcessorConfig(), workdir=tmp_path)
+    try:
+        collector.start()
+        assert "VIRTUAL_ENV" not in collector.environment()
+        assert collector.stop() == 0
+    finally:
+        collector.stop()
+        receiver.stop(0)

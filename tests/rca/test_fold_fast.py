@@ -92,7 +92,8 @@ def test_the_simulators_heartbeats_fold_alike(fault: str, monkeypatch: pytest.Mo
             _fold_both(compiled, python, decode_protobuf(payload, cache), now + 0.02, cfg, counting, monkeypatch)
     assert compiled["j"].heartbeats > 0
     # every heartbeat after a rank's first (its table's first sight) is the compiled fold's
-    assert counting.taken >= 0.85 * (counting.taken + counting.declined), (counting.taken, counting.declined)
+    assert counting.taken > 0 and counting.taken >= 0.85 * (counting.taken + counting.declined), \
+        (counting.taken, counting.declined)
     assert counting.runs > 0
 
 

@@ -285,6 +285,7 @@ def test_crash_after_a_critical_hang_is_marked_as_its_consequence() -> None:
     for i in range(40):
         events.extend(engine.step(t + 0.25 * i))
     crashes = [e.incident for e in events if e.action == "fired" and e.incident.kind == "crash"]
+    assert len(crashes) == 1, [(e.action, e.incident.kind) for e in events]  # the silence is seen
     for crash in crashes:
         assert crash.consequence_of == hang.id and crash.severity == "info"
         assert not should_alert("fired", crash, "critical")

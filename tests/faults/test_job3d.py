@@ -39,8 +39,8 @@ def rca() -> Iterator[Any]:
     ("mismatch_op", "1x2x2", "step"),
     ("deadlock", "1x2x2", "step"),       # one 1F1B exchange in swapped order
 ])
-def test_fault_on_3d_job(rca: Any, fault: str, layout: str, trigger: str) -> None:
-    rng = random.Random()
+def test_fault_on_3d_job(rca: Any, fault: str, layout: str, trigger: str, fault_rng: random.Random) -> None:
+    rng = fault_rng
     rank, env = None, {}
     if fault == "chain":
         # a first-stage rank at its step's first TP all_reduce: its TP peer waits in TP at once, and the
@@ -76,8 +76,9 @@ def test_fault_on_3d_job(rca: Any, fault: str, layout: str, trigger: str) -> Non
     ("slow_rank", "2x2x2", {"MYCROFT_JOB_STEPS": "25", "MYCROFT_JOB_JITTER": "0.3"}),
 ])
 def test_healthy_irregular_job_raises_no_critical_and_no_alert(rca: Any, scenario: str, layout: str,
-                                                               env: dict[str, str]) -> None:
-    result = run_one(rca, scenario, layout=layout, rng=random.Random(), env=env)
+                                                               env: dict[str, str],
+                                                               fault_rng: random.Random) -> None:
+    result = run_one(rca, scenario, layout=layout, rng=fault_rng, env=env)
     assert result.extra["exit"] == 0, result.note
     assert result.correct, (result.note, result.extra["incident_list"])
     assert result.false_alarms == 0

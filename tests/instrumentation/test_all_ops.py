@@ -17,6 +17,8 @@ JOB = Path(__file__).parent / "jobs" / "all_ops.py"
 WORLD = 4
 from mycroft.instrumentation.patching import FUNCOL_PREFIX as FUNCOL  # noqa: E402
 
+pytestmark = pytest.mark.slow  # one real 4-rank torchrun job
+
 
 @pytest.fixture(scope="module")
 def traced_job(request: pytest.FixtureRequest) -> tuple[list, str]:

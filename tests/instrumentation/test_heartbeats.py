@@ -8,9 +8,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from mycroft import schema
 from mycroft.faults.inject import kill_tree
 from tests.conftest import SpanSink, instrumented_env, run_torchrun, torchrun_command
+
+pytestmark = pytest.mark.slow  # real torchrun jobs and subprocesses
 
 JOB = Path(__file__).parent / "jobs" / "blocking.py"
 

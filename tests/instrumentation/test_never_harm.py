@@ -23,6 +23,7 @@ def _step_times(out: Path) -> list[float]:
     return times
 
 
+@pytest.mark.slow
 def test_collector_down_training_completes_at_full_speed(tmp_path: Path) -> None:
     closed = free_port()  # nothing listens there
     args = ("--steps", "150", "--size", "4096", "--step-sleep", "0.002", "--out", str(tmp_path))
@@ -52,6 +53,7 @@ def test_collector_down_training_completes_at_full_speed(tmp_path: Path) -> None
     assert max(t for _, traced in pairs for t in traced) < 1.0  # no step ever waited on the exporter's retries
 
 
+@pytest.mark.slow
 def test_script_without_torch_distributed_runs_as_before(tmp_path: Path) -> None:
     env = instrumented_env(free_port())
     plain = subprocess.run([sys.executable, str(JOBS / "no_dist.py")], env=env, capture_output=True, text=True)
@@ -64,6 +66,7 @@ def test_script_without_torch_distributed_runs_as_before(tmp_path: Path) -> None
     assert "mycroft" not in traced.stderr.lower()
 
 
+@pytest.mark.slow
 def test_instrument_in_code_with_own_tracer_provider_and_uninstrument_restores_torch(tmp_path: Path) -> None:
     script = tmp_path / "in_code.py"
     script.write_text(f'''

@@ -24,6 +24,8 @@ from mycroft.rca_service.findings import Finding, RootCause
 from mycroft.rca_service.incidents import FIRING, RESOLVED, Incident, IncidentTracker
 from mycroft.rca_service.store import Store
 
+from tests.components import require
+
 from .helpers import get_json, wait_until
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -110,8 +112,8 @@ def _free_port() -> int:
 
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[str]:
-    if ALERTMANAGER is None:
-        pytest.skip("prometheus-alertmanager is not installed")
+    require("alertmanager")
+    assert ALERTMANAGER is not None
     config = tmp_path / "am.yml"
     config.write_text("route:\n  receiver: devnull\n  group_wait: 0s\nreceivers:\n  - name: devnull\n")
     port = _free_port()

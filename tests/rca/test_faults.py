@@ -30,11 +30,11 @@ def _chain_crosses_two_groups(incident: dict[str, Any]) -> bool:
 
 
 @pytest.mark.parametrize("fault", ["block", "sigkill", "sigstop", "straggler", "mismatch", "deadlock", "chain"])
-def test_fault_is_found_with_its_root_cause(rca: Any, fault: str) -> None:
+def test_fault_is_found_with_its_root_cause(rca: Any, fault: str, fault_rng: random.Random) -> None:
     # a chain spreads: the DP waiter's heartbeat may come a pass after the incident fired, and a
     # firing incident brings its evidence up to date (incidents.py, refresh_after_s): watch for it
     until = _chain_crosses_two_groups if fault == "chain" else None
-    result = run_one(rca, fault, nproc=4, rng=random.Random(), timeout_s=20, until=until)
+    result = run_one(rca, fault, nproc=4, rng=fault_rng, timeout_s=20, until=until)
     assert result.correct, (result.note, result.incident)
     assert result.false_alarms == 0
     assert result.detection_s is not None and result.detection_s <= 5.0
@@ -57,10 +57,11 @@ def test_healthy_run_raises_nothing(rca: Any) -> None:
     assert result.false_alarms == 0
 
 
-def test_a_mismatch_that_completes_is_found_from_heartbeat_digests_when_op_spans_are_sampled_away(rca: Any) -> None:
+def test_a_mismatch_that_completes_is_found_from_heartbeat_digests_when_op_spans_are_sampled_away(
+        rca: Any, fault_rng: random.Random) -> None:
     """int32 where the others reduce float32: equal sizes, no error, wrong results. With no op
     span sent (MYCROFT_OP_SPAN_SAMPLE=0) only the heartbeats' signature digests can show it."""
-    result = run_one(rca, "mismatch_silent", nproc=4, rng=random.Random(), timeout_s=20,
+    result = run_one(rca, "mismatch_silent", nproc=4, rng=fault_rng, timeout_s=20,
                      env={"MYCROFT_OP_SPAN_SAMPLE": "0"})
     assert result.correct, (result.note, result.incident)
     assert result.false_alarms == 0

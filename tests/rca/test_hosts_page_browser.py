@@ -22,13 +22,11 @@ from mycroft.rca_service.hosts import DAY_S
 from mycroft.rca_service.incidents import Incident
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
-from .browser import ARTEFACTS, CHROMIUM, Browser
+from .browser import ARTEFACTS, Browser
 from .feeds import Feeder
 from .helpers import get_json, wait_until
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (./dev.sh setup installs the "
-                                                          "Debian package as root)")]
+pytestmark = [pytest.mark.slow, pytest.mark.requires("chromium")]
 
 HOSTS = [f"gpu-node-{i:03d}" for i in range(1, 25)]
 # (host, days ago, incident kind, root-cause kind, severity, consequence)

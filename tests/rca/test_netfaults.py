@@ -10,22 +10,18 @@ import pytest
 from mycroft.faults import netfault
 from mycroft.faults.inject import RunResult, local_rca, run_one
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]
-
-WHY = netfault.available()
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.requires("netns")]
 
 
-@pytest.mark.skipif(WHY is not None, reason=f"network faults {WHY}")
 @pytest.mark.parametrize("fault", ["linkdown", "throttle"])
-def test_network_fault(fault: str) -> None:
+def test_network_fault(fault: str, fault_rng: random.Random) -> None:
     with local_rca() as rca:  # the harness re-binds an in-process service on the bridge
-        result: RunResult = run_one(rca, fault, nproc=3, rng=random.Random(), timeout_s=20)
+        result: RunResult = run_one(rca, fault, nproc=3, rng=fault_rng, timeout_s=20)
     assert result.correct, (result.note, result.incident)
     assert result.false_alarms == 0
     assert result.detection_s is not None and result.detection_s <= 5.0
 
 
-@pytest.mark.skipif(WHY is not None, reason=f"network faults {WHY}")
 def test_topology_is_removed_afterwards() -> None:
     import subprocess
 

@@ -19,11 +19,9 @@ import pytest
 
 from mycroft.faults.inject import local_rca, run_one
 
-from .browser import ARTEFACTS, CHROMIUM, Browser
+from .browser import ARTEFACTS, Browser
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (./dev.sh setup installs the "
-                                                          "Debian package as root)")]
+pytestmark = [pytest.mark.slow, pytest.mark.requires("chromium")]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +69,9 @@ SLOW_DOM = """(() => {
 })()"""
 
 
-def test_chain_hang_page_draws_the_root_cause_and_the_chain(rca: Any, browser: Browser) -> None:
-    rng = random.Random()
+def test_chain_hang_page_draws_the_root_cause_and_the_chain(rca: Any, browser: Browser,
+                                                            fault_rng: random.Random) -> None:
+    rng = fault_rng
     result = run_one(rca, "chain", layout="2x2x1", rank=rng.randrange(2), rng=rng, timeout_s=20, alert_timeout_s=10,
                      env={"MYCROFT_FAULT_NTH": "0"})
     assert result.correct and result.incident is not None, (result.note, result.incident)
@@ -98,8 +97,8 @@ def test_chain_hang_page_draws_the_root_cause_and_the_chain(rca: Any, browser: B
     assert jobs.errors == [] and result.job in jobs.value, jobs
 
 
-def test_straggler_page_draws_the_compute_timeline(rca: Any, browser: Browser) -> None:
-    result = run_one(rca, "straggler", layout="2x2x1", rng=random.Random(), timeout_s=30)
+def test_straggler_page_draws_the_compute_timeline(rca: Any, browser: Browser, fault_rng: random.Random) -> None:
+    result = run_one(rca, "straggler", layout="2x2x1", rng=fault_rng, timeout_s=30)
     assert result.correct and result.incident is not None, (result.note, result.incident)
     incident = next(i for i in rca.incidents(result.job) if i["kind"] == "slowdown")
     culprit = incident["root_causes"][0]["rank"]

@@ -118,16 +118,30 @@ def _load(args: argparse.Namespace) -> list[Any]:
     if args.jaeger:
         if not args.service:
             raise SystemExit("mycroft rca analyze: --jaeger needs --service (the job's service.name)")
-        records.extend(load_jaeger(args.jaeger, args.service, start, end, args.limit))
+        records.extend(_said("Jaeger", load_jaeger(args.jaeger, args.service, start, end, args.limit)))
     if args.tempo:
         if not args.job:
             raise SystemExit("mycroft rca analyze: --tempo needs --job (mycroft.job.id)")
-        records.extend(load_tempo(args.tempo, args.job, start, end, args.limit))
+        records.extend(_said("Tempo", load_tempo(args.tempo, args.job, start, end, args.limit)))
     if args.flight_recorder:
         at_ns = int(args.at * 1e9) if args.at is not None else None
         records.extend(load_dumps(args.flight_recorder, job=args.job or "flight-recorder", dumped_at_ns=at_ns,
                                   allow_pickle=args.allow_pickle))
     return records
+
+
+def _said(backend: str, pulled: Any) -> list[Any]:
+    """A backend's spans; what it could not give goes to stderr (the analysis runs on the rest)."""
+    for note in pulled.notes:
+        print(f"mycroft rca analyze: {note}", file=sys.stderr)
+    if pulled.missing:
+        print(f"mycroft rca analyze: {backend} no longer has {len(pulled.missing)} of the {pulled.traces} traces "
+              f"it found (404), e.g. {pulled.missing[0]}; analysed without them", file=sys.stderr)
+    if pulled.failed:
+        trace_id, why = next(iter(pulled.failed.items()))
+        print(f"mycroft rca analyze: {backend} could not send {len(pulled.failed)} of the {pulled.traces} traces "
+              f"(e.g. {trace_id}: {why}); analysed without them", file=sys.stderr)
+    return list(pulled.records)
 
 
 def _analyze(args: argparse.Namespace) -> int:

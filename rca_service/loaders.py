@@ -1,18 +1,27 @@
 """Span sources for post-mortems: an OTLP JSON file, Jaeger's api_v3, Tempo's HTTP API.
 
 Each returns SpanRecords; the offline analyzer replays them through the same engine
-the live service runs.
+the live service runs. The two backends are read as their servers answer (Jaeger
+v2.13-v2.20 cmd/.../apiv3/http_gateway.go, Tempo 2026-08 pkg/api/http.go and
+modules/frontend/combiner/trace_by_id.go; tests/rca/test_offline.py replays those shapes):
+Jaeger's "nothing in that window" is a 404, its errors a JSON `{"error": {...}}` body, and
+Tempo's trace by id is asked inside a time range so it reads only the blocks of that range.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
+import math
 import urllib.parse
-import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from mycroft import schema
 from mycroft.otlp import OtlpDecodeError, SpanRecord, decode_json, decode_json_lines
@@ -95,16 +104,7 @@ def records_from_document(document: Any) -> list[SpanRecord]:
     return records
 
 
-def _get(url: str, timeout: float, accept: str = "application/json") -> bytes:
-    request = urllib.request.Request(url, headers={"Accept": accept})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return bytes(response.read())
-    except OSError as exc:
-        raise LoadError(f"GET {url} failed: {exc}") from exc
-
-
-def _json_documents(body: bytes) -> list[Any]:
+def _json_documents(body: bytes, what: str = "response") -> list[Any]:
     """One JSON document, or a stream of them (grpc-gateway streams one per line)."""
     text = body.decode("utf-8", "replace").strip()
     if not text:
@@ -124,44 +124,209 @@ def _json_documents(body: bytes) -> list[Any]:
         try:
             doc, i = decoder.raw_decode(text, i)
         except ValueError as exc:
-            raise LoadError(f"response is not JSON: {exc}") from exc
+            raise LoadError(f"{what} is not JSON: {exc}") from exc
         docs.append(doc)
     return docs
 
 
-def load_jaeger(base_url: str, service: str, start: float, end: float, limit: int = 1000,
-                timeout: float = 30.0) -> list[SpanRecord]:
-    """Jaeger api_v3 FindTraces: GET /api/v3/traces?query.service_name=..."""
+#: concurrent trace-by-id requests to Tempo (one search answer can name --limit traces)
+TEMPO_FETCHES = 8
+#: seconds added on each side of a trace's own time range when Tempo is asked for it by id
+TRACE_MARGIN_S = 2
+
+
+@dataclass(slots=True)
+class Pulled:
+    """What a backend gave: the spans, and what it could not give (said, not raised)."""
+
+    records: list[SpanRecord] = field(default_factory=list)
+    traces: int = 0  # traces the backend named (Tempo's search) or sent (Jaeger)
+    missing: list[str] = field(default_factory=list)  # trace ids it answered 404 for
+    failed: dict[str, str] = field(default_factory=dict)  # trace id -> why it could not be read
+    notes: list[str] = field(default_factory=list)  # what the operator should know (limit reached, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: bytes
+    url: str
+
+
+async def _fetch(session: aiohttp.ClientSession, url: str) -> Answer:
+    try:
+        async with session.get(url, headers={"Accept": "application/json"}) as response:
+            return Answer(response.status, await response.read(), url)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise LoadError(f"GET {url} failed: {exc or type(exc).__name__}") from exc
+
+
+def _run(main: Callable[[aiohttp.ClientSession], Any], timeout: float) -> Any:
+    async def go() -> Any:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+            return await main(session)
+
+    return asyncio.run(go())
+
+
+def error_text(answer: Answer) -> str:
+    """A non-2xx answer in one line: Jaeger's `{"error": {"httpCode", "message"}}` body read,
+    anything else (Tempo answers plain text) shortened."""
+    try:
+        doc = json.loads(answer.body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        message = doc["error"].get("message") or json.dumps(doc["error"])
+        return f"HTTP {answer.status}: {message}"
+    text = " ".join(answer.body.decode("utf-8", "replace").split())
+    return f"HTTP {answer.status}: {text[:300] or 'no body'}"
+
+
+def _is_jaeger_none_found(answer: Answer) -> bool:
+    """Jaeger answers a query that matched nothing with 404 and a gateway error body
+    (returnTraces: `{"error":{"httpCode":404,"message":"No traces found"}}`); a 404 without
+    that body is another server (a wrong URL, a proxy) and stays an error."""
+    try:
+        doc = json.loads(answer.body)
+    except ValueError:
+        return False
+    return (answer.status == 404 and isinstance(doc, dict) and isinstance(doc.get("error"), dict)
+            and doc["error"].get("httpCode", 404) == 404)
+
+
+def jaeger_find_url(base_url: str, service: str, start: float, end: float, limit: int) -> str:
+    """api_v3 FindTraces. The snake_case names are what v2.13 reads; v2.14+ read them as
+    deprecated aliases of the camelCase ones (query_parser.go), so one URL serves both."""
     params = {
         "query.service_name": service,
         "query.start_time_min": rfc3339(start),
         "query.start_time_max": rfc3339(end),
         "query.num_traces": str(limit),
     }
-    url = f"{base_url.rstrip('/')}/api/v3/traces?{urllib.parse.urlencode(params)}"
-    records: list[SpanRecord] = []
-    for doc in _json_documents(_get(url, timeout)):
-        if isinstance(doc, dict) and "error" in doc and "result" not in doc:
+    return f"{base_url.rstrip('/')}/api/v3/traces?{urllib.parse.urlencode(params)}"
+
+
+def parse_jaeger_answer(answer: Answer) -> Pulled:
+    """One FindTraces answer -> spans; "no traces found" is an empty result, not an error."""
+    if _is_jaeger_none_found(answer):
+        return Pulled(notes=["Jaeger has no traces of that service in the window"])
+    if not 200 <= answer.status < 300:
+        raise LoadError(f"Jaeger answered {error_text(answer)} (GET {answer.url})")
+    pulled = Pulled()
+    for doc in _json_documents(answer.body, "Jaeger's answer"):
+        if isinstance(doc, dict) and "error" in doc and "result" not in doc:  # a streamed error
             raise LoadError(f"Jaeger answered an error: {doc['error']}")
-        records.extend(records_from_document(doc))
-    return records
+        found = records_from_document(doc)
+        pulled.records.extend(found)
+        pulled.traces += len({r.trace_id for r in found})
+    return pulled
+
+
+def load_jaeger(base_url: str, service: str, start: float, end: float, limit: int = 1000,
+                timeout: float = 30.0) -> Pulled:
+    """Jaeger api_v3 FindTraces: GET /api/v3/traces?query.service_name=..."""
+    url = jaeger_find_url(base_url, service, start, end, limit)
+    pulled = parse_jaeger_answer(_run(lambda session: _fetch(session, url), timeout))
+    if pulled.traces >= limit:
+        pulled.notes.append(f"Jaeger sent {pulled.traces} traces, the --limit: older ones may be missing")
+    return pulled
+
+
+def traceql_job(job: str) -> str:
+    """The TraceQL selecting one job's spans, its id a TraceQL string literal (Tempo's lexer
+    reads strings with Go's strconv.Unquote: JSON's escapes are a subset it accepts)."""
+    return f"{{ resource.{schema.RES_JOB_ID} = {json.dumps(job, ensure_ascii=False)} }}"
+
+
+def tempo_search_url(base_url: str, job: str, start: float, end: float, limit: int) -> str:
+    params = {"q": traceql_job(job), "start": str(int(start)), "end": str(math.ceil(end) + 1),
+              "limit": str(limit), "spss": "1000"}
+    return f"{base_url.rstrip('/')}/api/search?{urllib.parse.urlencode(params)}"
+
+
+@dataclass(frozen=True, slots=True)
+class FoundTrace:
+    trace_id: str
+    start: int  # unix seconds: the range Tempo is asked for it in
+    end: int
+
+
+def parse_tempo_search(answer: Answer, start: float, end: float) -> list[FoundTrace]:
+    """Tempo's SearchResponse (`{"traces": [{"traceID", "startTimeUnixNano", "durationMs"}]}`)
+    -> the traces and each one's time range (the search window where it says none)."""
+    if not 200 <= answer.status < 300:
+        raise LoadError(f"Tempo search answered {error_text(answer)} (GET {answer.url})")
+    try:
+        found = json.loads(answer.body)
+    except ValueError as exc:
+        raise LoadError(f"Tempo search answer is not JSON: {exc}") from exc
+    if not isinstance(found, dict):
+        raise LoadError("Tempo search answer is not a JSON object")
+    traces: list[FoundTrace] = []
+    for t in found.get("traces") or []:
+        if not isinstance(t, dict) or not isinstance(t.get("traceID"), str) or not t["traceID"]:
+            continue
+        lo, hi = int(start), math.ceil(end) + 1
+        try:
+            t0 = int(t["startTimeUnixNano"]) / 1e9
+            t1 = t0 + float(t.get("durationMs") or 0) / 1e3
+            lo, hi = int(t0) - TRACE_MARGIN_S, math.ceil(t1) + TRACE_MARGIN_S
+        except (KeyError, TypeError, ValueError):
+            pass
+        traces.append(FoundTrace(t["traceID"], lo, hi))
+    return traces
+
+
+def tempo_trace_url(base_url: str, trace: FoundTrace) -> str:
+    """Trace by id inside its time range: without start/end Tempo searches every block."""
+    query = urllib.parse.urlencode({"start": str(trace.start), "end": str(trace.end)})
+    return f"{base_url.rstrip('/')}/api/traces/{urllib.parse.quote(trace.trace_id, safe='')}?{query}"
+
+
+def parse_tempo_trace(answer: Answer) -> list[SpanRecord] | None:
+    """One trace-by-id answer: its spans, None when Tempo no longer has it (404, no body)."""
+    if answer.status == 404:
+        return None
+    if not 200 <= answer.status < 300:
+        raise LoadError(error_text(answer))
+    try:
+        doc = json.loads(answer.body)
+    except ValueError as exc:
+        raise LoadError(f"not JSON: {exc}") from exc
+    return records_from_document(doc)
 
 
 def load_tempo(base_url: str, job: str, start: float, end: float, limit: int = 1000,
-               timeout: float = 30.0) -> list[SpanRecord]:
-    """Tempo: TraceQL search for the job's traces, then fetch each trace."""
-    base = base_url.rstrip("/")
-    query = f'{{ resource.{schema.RES_JOB_ID} = "{job}" }}'
-    params = {"q": query, "start": str(int(start)), "end": str(int(end) + 1), "limit": str(limit),
-              "spss": "1000"}
-    body = _get(f"{base}/api/search?{urllib.parse.urlencode(params)}", timeout)
-    try:
-        found = json.loads(body)
-    except ValueError as exc:
-        raise LoadError(f"Tempo search answer is not JSON: {exc}") from exc
-    ids = [t.get("traceID") for t in found.get("traces", []) if isinstance(t, dict) and t.get("traceID")]
-    records: list[SpanRecord] = []
-    for trace_id in ids:
-        doc = json.loads(_get(f"{base}/api/traces/{trace_id}", timeout))
-        records.extend(records_from_document(doc))
-    return records
+               timeout: float = 30.0) -> Pulled:
+    """Tempo: TraceQL search for the job's traces, then each trace by id (TEMPO_FETCHES at once).
+    A trace Tempo no longer has, or cannot send, is counted and the others are read."""
+
+    async def main(session: aiohttp.ClientSession) -> Pulled:
+        search = await _fetch(session, tempo_search_url(base_url, job, start, end, limit))
+        traces = parse_tempo_search(search, start, end)
+        pulled = Pulled(traces=len(traces))
+        if len(traces) >= limit:
+            pulled.notes.append(f"Tempo named {len(traces)} traces, the --limit: others may be missing")
+        gate = asyncio.Semaphore(TEMPO_FETCHES)
+
+        async def one(trace: FoundTrace) -> None:
+            async with gate:
+                try:
+                    records = parse_tempo_trace(await _fetch(session, tempo_trace_url(base_url, trace)))
+                except LoadError as exc:
+                    pulled.failed[trace.trace_id] = str(exc)
+                    return
+            if records is None:
+                pulled.missing.append(trace.trace_id)
+            else:
+                pulled.records.extend(records)
+
+        await asyncio.gather(*(one(t) for t in traces))
+        if traces and len(pulled.failed) == len(traces):
+            first = next(iter(pulled.failed.values()))
+            raise LoadError(f"Tempo sent none of the {len(traces)} traces it found: {first}")
+        return pulled
+
+    result: Pulled = _run(main, timeout)
+    return result

@@ -2,7 +2,10 @@
 
 Nodes are ranks ("r", rank) and the ops they wait in ("c", group, seq) for collectives,
 ("p", group, src, dst, seq) for p2p. A waiting rank points at its op; the op points at
-the members that block it (have not issued it, or are dead / gone). Routing through op
+the members that block it (have not issued it, or are dead / gone). An op its peers have
+finished (every other member completed the collective; the receiver completed the send)
+is no wait: the rank's own completion is late to arrive (a wait the instrumentation could
+not see end, e.g. funcol's C++ wait_tensor), and the rank gets no edge to it. Routing through op
 nodes keeps the graph O(ranks) even for a 16k-member group, and chains across groups
 (TP -> DP -> ...) fall out of following edges. Root causes are the sinks reachable from
 the hung ranks, or sink cycles (deadlock).
@@ -62,6 +65,33 @@ def _p2p_blocker(job: JobState, me: RankState, op: InFlight, status: dict[int, s
     return peer.p2p_issued.get(key, 0) < op.seq
 
 
+def _unfinished_members(job: JobState, members: tuple[int, ...], gid: str, seq: int) -> list[int]:
+    """The first two members that have not completed the collective (two tell whether anyone but
+    a given rank is still in it); stops early, so a 16k-member op in a hang costs a few lookups."""
+    found: list[int] = []
+    ranks = job.ranks
+    for m in members:
+        rank = ranks.get(m)
+        if rank is None or rank.completed.get(gid, 0) < seq:
+            found.append(m)
+            if len(found) == 2:
+                break
+    return found
+
+
+def _peers_finished(unfinished: list[int], members: tuple[int, ...], me: int) -> bool:
+    """Every member but `me` completed the op (a group we know no members of finished nothing)."""
+    return bool(members) and (not unfinished or unfinished == [me])
+
+
+def _receiver_finished(job: JobState, me: RankState, op: InFlight) -> bool:
+    """The receiver of this send completed its recv: the data arrived, the send is done."""
+    if op.op != schema.OP_SEND:
+        return False  # a completed send does not say the data arrived (it may sit in a buffer)
+    peer = job.ranks.get(op.peer)
+    return peer is not None and peer.p2p_completed.get((op.group_id, me.rank, op.peer), 0) >= op.seq
+
+
 def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig,
              fresh_after: float) -> list[RankState]:
     """The ranks that get outgoing edges: alive, an op in flight, a heartbeat neither late nor
@@ -104,6 +134,10 @@ class _Built:
     inflight: list[list[InFlight]]  # ... and their ops in flight as last seen (the fold replaces the list)
     groups: list[tuple[str, Any, tuple[int, ...]]]  # (group id, its GroupState or None, its members) per op node
     blockers: list[tuple[Node, int, InFlight | None]]  # (op node, blocking member, the p2p op) per edge out of an op
+    # the rank -> op edges kept: (op node, a peer that had not finished the op) -> the p2p op; while that
+    # peer has not, the edges stand (a finished op stays finished: completions only grow). Keyed, so a
+    # 16k-rank hang in one op checks its two witnesses, not 16k edges
+    unfinished: dict[tuple[Node, int], InFlight | None]
     wf: WaitForGraph
     epochs: Any = None  # rank_table's shape epochs of `graphed` when it was checked (or built)
     waiting: set[int] | frozenset[int] = field(default_factory=set)  # of the last sinks() over it ...
@@ -128,12 +162,17 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
     op_nodes: set[Node] = set()
     groups: list[tuple[str, Any, tuple[int, ...]]] = []
     blocked: list[tuple[Node, int, InFlight | None]] = []
+    unfinished: dict[tuple[Node, int], InFlight | None] = {}
+    left: dict[Node, tuple[tuple[int, ...], list[int]]] = {}  # op node -> its members, the first unfinished
     for rank in graphed:
         me = rank_node(rank.rank)
         for op in rank.inflight:
             if op.is_p2p:
+                if _receiver_finished(job, rank, op):
+                    continue
                 src, dst = (rank.rank, op.peer) if op.op == schema.OP_SEND else (op.peer, rank.rank)
                 node: Node = ("p", op.group_id, src, dst, op.seq)
+                unfinished[node, op.peer] = op
                 edges.append((me, node))
                 op_nodes.add(node)
                 if _p2p_blocker(job, rank, op, status):
@@ -141,13 +180,19 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
                     blocked.append((node, rank.rank, op))
                 continue
             node = ("c", op.group_id, op.seq)
+            if node not in left:
+                group = job.groups.get(op.group_id)
+                members = group.ranks if group is not None else ()
+                groups.append((op.group_id, group, members))
+                left[node] = members, _unfinished_members(job, members, op.group_id, op.seq)
+            members, not_done = left[node]
+            if _peers_finished(not_done, members, rank.rank):
+                continue
+            unfinished[node, next(m for m in not_done if m != rank.rank) if members else -1] = None
             edges.append((me, node))
             op_nodes.add(node)
             if node in blockers_cache:
                 continue
-            group = job.groups.get(op.group_id)
-            members = group.ranks if group is not None else ()
-            groups.append((op.group_id, group, members))
             blockers = [m for m in members if m != rank.rank
                         and _blocks_collective(job, m, status.get(m, UNSEEN), op.group_id, op.seq)]
             blockers_cache[node] = blockers
@@ -158,7 +203,7 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
     wf = WaitForGraph(graph=g, waiting=set(waiting))
     wf.data_sinks = {n for n in op_nodes if not g._succ[n]}
     return _Built(cfg, list(job.ranks.values()), status, graphed, list(map(_INFLIGHT, graphed)), groups, blocked,
-                  wf)
+                  unfinished, wf)
 
 
 def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, built: _Built,
@@ -197,12 +242,24 @@ def _still_holds(job: JobState, status: dict[int, str], cfg: AnalysisConfig, bui
 
 
 def _blockers_hold(job: JobState, status: dict[int, str], built: _Built) -> bool:
-    """The groups of the op nodes are the same, and every edge out of an op node still blocks."""
+    """The groups of the op nodes are the same, every op a rank was given an edge to is still
+    unfinished by the peer that showed it, and every edge out of an op node still blocks."""
     groups = job.groups
     if not all(groups.get(gid) is group and (group is None or group.ranks is members)
                for gid, group, members in built.groups):
         return False
     ranks = job.ranks
+    for (node, peer), op in built.unfinished.items():
+        if peer < 0:
+            continue  # a group of unknown members: a change of its members rebuilds (above)
+        rank = ranks.get(peer)
+        if rank is None:
+            continue  # never reported: the first report changes the rank objects, which rebuilds
+        if op is None:
+            if rank.completed.get(node[1], 0) >= node[2]:
+                return False
+        elif op.op == schema.OP_SEND and rank.p2p_completed.get((node[1], node[2], node[3]), 0) >= node[4]:
+            return False
     for node, member, op in built.blockers:
         if op is None:
             if not _blocks_collective(job, member, status.get(member, UNSEEN), node[1], node[2]):
@@ -273,7 +330,8 @@ def sinks(wf: WaitForGraph, max_sinks: int = 64) -> list[Sink]:
     """
     g = wf.graph
     succ, pred = g._succ, g._pred
-    waiting = {rank_node(r) for r in wf.waiting} & set(succ)
+    # a hung rank whose ops its peers all finished waits on nothing: it may be a sink itself
+    waiting = {node for node in map(rank_node, wf.waiting) if succ.get(node)}
     reach = _reachable(g, waiting)
     targets: list[Sink] = []
     owner: dict[Node, int] = {}

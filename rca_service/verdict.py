@@ -181,6 +181,16 @@ def _corroborated_status(job: JobState, rank_id: int, now: float, cfg: AnalysisC
     return ALIVE
 
 
+def _moved(job: JobState, node: wfg.Node, members: list[int]) -> bool:
+    """A member completed the collective, or the receiver the p2p: the data moved. What still reads as
+    in flight elsewhere is a completion late to arrive (or one the instrumentation could not see end),
+    not a stalled transport."""
+    if node[0] == "c":
+        return any(rank.completed.get(node[1], 0) >= node[2] for rank in map(job.ranks.get, members) if rank)
+    receiver = job.ranks.get(node[3])
+    return receiver is not None and receiver.p2p_completed.get((node[1], node[2], node[3]), 0) >= node[4]
+
+
 def _youngest_issue_age(job: JobState, node: wfg.Node, members: list[int], now: float) -> float:
     """How long ago the last member issued the op (0.0 when some member's issue age is not known)."""
     youngest = float("inf")
@@ -193,8 +203,6 @@ def _youngest_issue_age(job: JobState, node: wfg.Node, members: list[int], now: 
         else:
             ages = [op.age_at(now) for op in rank.inflight if op.is_p2p and op.seq == node[4]
                     and {m, op.peer} == {node[2], node[3]}]
-        if node[0] == "c" and rank.completed.get(node[1], 0) >= node[2]:
-            return 0.0  # a member completed it: the data moved; the others' completions are on the way
         if not ages:
             return 0.0
         youngest = min(youngest, max(ages))
@@ -289,6 +297,8 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
             if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg, fresh_after) is None
                    for m in members):
                 return None  # a member just went quiet: it may be dead rather than the link; wait
+            if _moved(job, node, members):
+                continue  # not a cause; the ranks still in it are named through their other sinks, if any
             if _youngest_issue_age(job, node, members, now) < threshold:
                 return None  # the last member only just issued it: its completion is on the way; wait
             rc = _data_sink_cause(job, node)

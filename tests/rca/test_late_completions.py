@@ -1,0 +1,132 @@
+"""Ops that read as in flight after their peers finished them are no wait.
+
+A rank's completion can arrive late or never: funcol's all_reduce is waited in C++
+(wait_tensor), where the Python layer cannot see it end, and gloo's Flight Recorder may not
+mark it completed for seconds; a pipeline's send completes in C++ after the receiver got the
+data. Seen in real jobs (tests/instrumentation/test_frameworks.py tp_eager, pipelining ZBV):
+the stale op became a "data sink" (everyone issued it, it does not complete), whose verdict
+waited for completions "on the way" forever, and the rank that really blocked was never named.
+"""
+
+from __future__ import annotations
+
+from mycroft.rca_service import graph as wfg
+from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.state import JobState, apply_records
+from mycroft.rca_service.triggers import hang_sweep, hang_threshold, statuses
+from mycroft.rca_service.verdict import analyze_job
+
+from mycroft import schema
+from mycroft.faults.made_up_job import Group, InFlightOp, collective, heartbeat, p2p
+
+CFG = AnalysisConfig()
+STACK = 'File "train.py", line 3, in load_batch'
+
+
+def _tp_job(t: float, stale_on: tuple[int, ...] = (1,), behind: int | None = None) -> JobState:
+    """4 ranks, one group. Ranks 0 and 2 wait in seq 8; rank 3 completed 7 and never issued 8;
+    the ranks in `stale_on` also still show seqs 5-7 in flight, which every other member completed
+    (but `behind`, still in seq 7)."""
+    jobs: dict[str, JobState] = {}
+    g = Group("tp", (0, 1, 2, 3))
+    hb = []
+    for r in range(4):
+        if r == 3:
+            hb.append(heartbeat("job", r, 4, t, 1, [g], [7], [7], idle_s=6.0, stack=STACK))
+            continue
+        stale = [InFlightOp(g, s, age_s=6.0 + 0.01 * (8 - s)) for s in (5, 6, 7)] if r in stale_on else []
+        if r == behind:
+            stale = [InFlightOp(g, 7, age_s=6.1)]
+        completed = 4 if r in stale_on else 6 if r == behind else 7
+        hb.append(heartbeat("job", r, 4, t, 1, [g], [8], [completed], [*stale, InFlightOp(g, 8, age_s=5.9)]))
+    apply_records(jobs, hb, t, CFG)
+    return jobs["job"]
+
+
+def test_a_rank_with_late_completions_does_not_hide_the_rank_that_never_entered() -> None:
+    t = 100.0
+    for stale_on in ((1,), (1, 2)):  # one rank's completions late, or two ranks' of the same seqs
+        findings = analyze_job(_tp_job(t, stale_on), t + 0.1, CFG)
+        assert findings, stale_on
+        top = findings[0].root_causes[0]
+        assert (findings[0].kind, top.rank, top.kind) == ("hang", 3, "not_entered"), (stale_on, findings[0].text)
+        assert all(rc.kind != "link" for rc in findings[0].root_causes), findings[0].text
+
+
+def test_a_blocked_rank_whose_last_op_reads_in_flight_is_still_named() -> None:
+    """Rank 1 blocked after an op its peers all finished, and its own completion never came: its
+    peers wait in seq 8, which it never issued; it waits on nothing."""
+    jobs: dict[str, JobState] = {}
+    g = Group("dp", (0, 1, 2, 3))
+    t = 200.0
+    hb = [heartbeat("job", r, 4, t, 1, [g], [8], [7], [InFlightOp(g, 8, age_s=5.0)]) for r in (0, 2, 3)]
+    hb.append(heartbeat("job", 1, 4, t, 1, [g], [7], [6], [InFlightOp(g, 7, age_s=5.3)]))
+    apply_records(jobs, hb, t, CFG)
+    findings = analyze_job(jobs["job"], t + 0.1, CFG)
+    assert findings
+    top = findings[0].root_causes[0]
+    assert (top.rank, top.kind) == (1, "not_entered"), findings[0].text
+    assert top.evidence["blocked_ranks"] == 3
+
+
+def test_a_send_the_receiver_completed_is_no_wait() -> None:
+    """Pipelining: rank 0's send of seq 3 reads in flight after rank 1 received it; rank 0 then
+    blocked before its send of seq 4, in which rank 1 waits."""
+    jobs: dict[str, JobState] = {}
+    pp = Group("pp", (0, 1))
+    t = 300.0
+    records = [
+        p2p("job", 1, 2, pp, schema.OP_RECV, 0, 3, t - 6.0, t - 5.9),
+        heartbeat("job", 0, 2, t, 1, [pp], [0], [0], [InFlightOp(pp, 3, op=schema.OP_SEND, peer=1, age_s=6.0)]),
+        heartbeat("job", 1, 2, t, 1, [pp], [0], [0], [InFlightOp(pp, 4, op=schema.OP_RECV, peer=0, age_s=5.8)]),
+    ]
+    apply_records(jobs, records, t, CFG)
+    findings = analyze_job(jobs["job"], t + 0.1, CFG)
+    assert findings
+    top = findings[0].root_causes[0]
+    assert (top.rank, top.kind) == (0, "not_entered"), findings[0].text
+
+
+def test_a_recv_whose_send_completed_still_waits() -> None:
+    """A completed send says the data left, not that it arrived (it may sit in a buffer): the
+    receiver still waits in its recv, and the stalled transfer is the link's."""
+    jobs: dict[str, JobState] = {}
+    pp = Group("pp", (0, 1))
+    t = 400.0
+    records = [
+        p2p("job", 0, 2, pp, schema.OP_SEND, 1, 3, t - 6.0, t - 5.9),
+        heartbeat("job", 0, 2, t, 1, [pp], [0], [0], idle_s=6.0, stack=STACK),
+        heartbeat("job", 1, 2, t, 1, [pp], [0], [0], [InFlightOp(pp, 3, op=schema.OP_RECV, peer=0, age_s=6.0)]),
+    ]
+    apply_records(jobs, records, t, CFG)
+    job = jobs["job"]
+    status = statuses(job, t + 0.1, CFG)
+    wf = wfg.build(job, status, [1], t + 0.1, CFG)
+    assert wf.graph.has_edge(wfg.rank_node(1), ("p", job.ranks[1].inflight[0].group_id, 0, 1, 3))
+
+
+def _edges(wf: wfg.WaitForGraph) -> set[tuple[wfg.Node, wfg.Node]]:
+    return set(wf.graph.edges)
+
+
+def test_the_memoized_graph_drops_the_edge_when_the_last_peer_finishes() -> None:
+    """The pass-to-pass memo (graph.wait_for) must see a peer's completion that turns an op into
+    one every other member finished, though the waiting rank's ops in flight did not change."""
+    t = 500.0
+    job = _tp_job(t, behind=2)  # rank 2 has not completed seq 7 yet: rank 1's seq 7 is still a wait
+    g = Group("tp", (0, 1, 2, 3))
+
+    def passes(now: float) -> tuple[set[tuple[wfg.Node, wfg.Node]], set[tuple[wfg.Node, wfg.Node]]]:
+        status = statuses(job, now, CFG)
+        sweep = hang_sweep(job, status, now, hang_threshold(job, CFG), CFG)
+        memo, _ = wfg.wait_for(job, status, sweep.waiting, now, CFG, now - sweep.oldest, sweep)
+        fresh = wfg.build(job, status, sweep.waiting, now, CFG, now - sweep.oldest)
+        return _edges(memo), _edges(fresh)
+
+    memo, fresh = passes(t + 0.3)
+    assert memo == fresh and (wfg.rank_node(1), ("c", g.id, 7)) in memo
+    # rank 2's span completes seq 7: rank 1 is now the only member still showing it
+    apply_records({"job": job}, [collective("job", 2, 4, g, 7, t - 6.1, t + 0.35)], t + 0.4, CFG)
+    memo, fresh = passes(t + 0.45)
+    assert memo == fresh, memo ^ fresh
+    assert (wfg.rank_node(1), ("c", g.id, 7)) not in memo

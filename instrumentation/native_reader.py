@@ -67,6 +67,8 @@ class NativeReader:
         self._comm_ranks: dict[int, int] = {}  # commHash -> this process's rank in it (COMM records)
         self._flows: dict[tuple[int, int, int], Record] = {}  # (comm, comm rank, uid) -> latest snapshot
         self._colls: dict[tuple[int, int, int, int], Record] = {}  # (comm, rank, kind, seq) -> snapshot
+        self._kchs: dict[tuple[int, int, int], Record] = {}  # (comm, rank, uid) -> in-flight kernel channel
+        self._info: dict[tuple[int, int, int, int], Record] = {}  # (comm, rank, done kind, seq) -> v7 facts
         self.records_read = 0
         self._ids: dict[tuple[object, ...], int] = {}  # memoised trace / span ids (hashing dominates)
 
@@ -74,7 +76,7 @@ class NativeReader:
     def open_for_pid(cls, pid: int, job_id: str, rank: int,
                      ring_dir: str | os.PathLike[str] | None = None) -> NativeReader | None:
         """The reader of process `pid`'s ring; None when that process has no ring (yet)."""
-        path = ringmod.ring_path(pid, ring_dir)
+        path = ringmod.find_ring(pid, ring_dir)
         try:
             ring = Ring(path)
         except (FileNotFoundError, RingError):
@@ -127,7 +129,7 @@ class NativeReader:
         """Trace id of the collective / p2p a record belongs to (see the module docstring)."""
         p2p = parent_kind in (ringmod.REC_P2P, ringmod.REC_P2P_DONE)
         key = ("t", rec.comm_hash, rec.rank, rec.seq, p2p, is_send if p2p else None, peer if p2p else None,
-               rec.fields.get("uid") if rec.seq == ringmod.SEQ_UNKNOWN else None)
+               rec.fields.get("uid") if rec.seq == ringmod.SEQ_UNKNOWN else None, rec.flags & ringmod.FLAG_CE)
         value = self._ids.get(key)
         if value is None:
             if len(self._ids) > 8192:
@@ -145,6 +147,8 @@ class NativeReader:
             other = self._global(comm, peer)
             src, dst = (me, other) if is_send else (other, me)
             return schema.p2p_trace_id(self.job_id, self._group(comm), src, dst, self._seq(comm, rec.seq))
+        if rec.flags & ringmod.FLAG_CE:  # NCCL numbers copy-engine collectives apart (its CE sync count)
+            return schema.collective_trace_id(self.job_id, f"{self._group(comm)}:ce", rec.seq)
         return schema.collective_trace_id(self.job_id, self._group(comm), self._seq(comm, rec.seq))
 
     # ------------------------------------------------------------------ spans
@@ -160,7 +164,7 @@ class NativeReader:
             else schema.STATE_COMPLETED,
             schema.ATTR_TIMING: schema.TIMING_EXACT,
         }
-        if rec.seq != ringmod.SEQ_UNKNOWN:
+        if rec.seq != ringmod.SEQ_UNKNOWN and not rec.flags & ringmod.FLAG_CE:
             attrs[schema.ATTR_SEQ] = self._seq(rec.comm_hash, rec.seq)
         return attrs
 
@@ -194,6 +198,14 @@ class NativeReader:
             attrs[schema.ATTR_NCCL_PROTO] = str(f["proto"])
             if func in ("Broadcast", "Reduce"):
                 attrs[schema.ATTR_ROOT] = self._global(rec.comm_hash, int(f.get("root", 0)))
+        if rec.flags & ringmod.FLAG_SYM:
+            attrs[schema.ATTR_NCCL_SYMMETRIC] = True
+        if rec.flags & ringmod.FLAG_CE:
+            attrs[schema.ATTR_NCCL_COPY_ENGINE] = True
+        if f.get("user_tag"):
+            attrs[schema.ATTR_NCCL_USER_TAG] = int(f["user_tag"])
+        if f.get("kernel_variant"):
+            attrs[schema.ATTR_NCCL_KERNEL_VARIANT] = str(f["kernel_variant"])
         code, message = self._status(rec)
         return SpanRecord(
             trace_id=trace,
@@ -245,17 +257,34 @@ class NativeReader:
                           start_ns=rec.start_ns, end_ns=max(rec.end_ns, rec.start_ns), attributes=attrs,
                           status_code=code, status_message=message)
 
-    def _kch_span(self, rec: Record) -> SpanRecord:
+    def _kch_spans(self, rec: Record) -> list[SpanRecord]:
+        """The kernel channel's span, then one per v7 kernel phase under it."""
         trace, span_id, parent = self._child_ids(rec, "kch")
         attrs = self._base_attrs(rec, schema.KIND_NATIVE_KERNEL_CHANNEL)
         attrs[schema.ATTR_NCCL_CHANNEL] = int(rec.fields["channel"])
         attrs[schema.ATTR_NCCL_GPU_START_NS] = int(rec.fields["gpu_start"])
         attrs[schema.ATTR_NCCL_GPU_STOP_NS] = int(rec.fields["gpu_stop"])
         code, message = self._status(rec)
-        return SpanRecord(trace_id=trace, span_id=span_id, parent_span_id=parent,
-                          name=schema.SPAN_NATIVE_KERNEL_CHANNEL, start_ns=rec.start_ns,
-                          end_ns=max(rec.end_ns, rec.start_ns), attributes=attrs, status_code=code,
-                          status_message=message)
+        if rec.flags & ringmod.FLAG_STALE:
+            attrs[schema.ATTR_NCCL_STALE] = True
+            attrs[schema.ATTR_STATE] = schema.STATE_IN_FLIGHT
+            code, message = STATUS_ERROR, "the channel's stop never came; a later kernel on it finished (end unknown)"
+        spans = [SpanRecord(trace_id=trace, span_id=span_id, parent_span_id=parent,
+                            name=schema.SPAN_NATIVE_KERNEL_CHANNEL, start_ns=rec.start_ns,
+                            end_ns=max(rec.end_ns, rec.start_ns), attributes=attrs, status_code=code,
+                            status_message=message)]
+        gpu0 = int(rec.fields["gpu_start"])
+        for name, (begin, end) in rec.fields.get("phases", {}).items():
+            # GPU globaltimer deltas placed on the host timeline from the channel's start
+            start = rec.start_ns + max(0, begin - gpu0) if gpu0 else rec.start_ns
+            pattrs = self._base_attrs(rec, schema.KIND_NATIVE_KERNEL_PHASE)
+            pattrs.update({schema.ATTR_NCCL_CHANNEL: int(rec.fields["channel"]), schema.ATTR_NCCL_KERNEL_PHASE: name,
+                           schema.ATTR_NCCL_GPU_START_NS: int(begin), schema.ATTR_NCCL_GPU_STOP_NS: int(end)})
+            spans.append(SpanRecord(trace_id=trace, span_id=schema.rank_span_id(trace, self._my_rank(rec),
+                                                                              f"{NATIVE_SALT}:phase:{rec.fields['uid']}:{name}"),
+                                    parent_span_id=span_id, name=schema.SPAN_NATIVE_KERNEL_PHASE, start_ns=start,
+                                    end_ns=start + max(0, end - begin), attributes=pattrs))
+        return spans
 
     # ------------------------------------------------------------------ the interface
     def comms(self) -> list[CommInfo]:
@@ -280,15 +309,15 @@ class NativeReader:
         self._held.setdefault(rec.comm_hash, []).append(rec)
         return True
 
-    def _span(self, rec: Record) -> SpanRecord | None:
+    def _spans(self, rec: Record) -> list[SpanRecord]:
         kind = rec.kind
         if kind == ringmod.REC_FLOW_DONE:
-            return self._flow_span(rec)
+            return [self._flow_span(rec)]
         if kind == ringmod.REC_KCH_DONE:
-            return self._kch_span(rec)
+            return self._kch_spans(rec)
         if kind in (ringmod.REC_COLL_DONE, ringmod.REC_P2P_DONE):
-            return self._parent_span(rec)
-        return None
+            return [self._parent_span(rec)]
+        return []
 
     def release(self, force: bool = False) -> list[SpanRecord]:
         """Spans of held records whose communicator is now mapped or has waited hold_s (all: force)."""
@@ -297,9 +326,7 @@ class NativeReader:
         for comm in list(self._held):
             if force or comm in self._maps or now - self._first_seen.get(comm, now) > self.hold_s:
                 for rec in self._held.pop(comm):
-                    span = self._span(rec)
-                    if span is not None:
-                        spans.append(span)
+                    spans.extend(self._spans(rec))
         return spans
 
     def drain(self) -> list[SpanRecord]:
@@ -308,6 +335,17 @@ class NativeReader:
         for rec in self._ring.consume():
             self.records_read += 1
             kind = rec.kind
+            if kind == ringmod.REC_COLL_INFO:  # the v7 facts of the collective record that follows
+                if len(self._info) > 4096:
+                    self._info.clear()
+                self._info[(rec.comm_hash, rec.rank, int(rec.fields["parent_kind"]), rec.seq)] = rec
+                continue
+            if kind in (ringmod.REC_COLL_DONE, ringmod.REC_P2P_DONE):
+                info = self._info.pop((rec.comm_hash, rec.rank, kind, rec.seq), None)
+                if info is not None:
+                    rec.fields.update(user_tag=info.fields["user_tag"], kernel_variant=info.fields["kernel_variant"])
+            if kind == ringmod.REC_KCH_DONE:
+                self._kchs.pop((rec.comm_hash, rec.rank, rec.fields["uid"]), None)
             if kind in (ringmod.REC_FLOW_DONE, ringmod.REC_KCH_DONE, ringmod.REC_COLL_DONE,
                         ringmod.REC_P2P_DONE) and self._hold(rec):
                 if kind == ringmod.REC_FLOW_DONE:
@@ -321,7 +359,9 @@ class NativeReader:
                 self._flows.pop((rec.comm_hash, rec.rank, rec.fields["uid"]), None)
                 spans.append(self._flow_span(rec))
             elif kind == ringmod.REC_KCH_DONE:
-                spans.append(self._kch_span(rec))
+                spans.extend(self._kch_spans(rec))
+            elif kind == ringmod.REC_KCH:
+                self._kchs[(rec.comm_hash, rec.rank, rec.fields["uid"])] = rec
             elif kind in (ringmod.REC_COLL, ringmod.REC_P2P):
                 self._colls[(rec.comm_hash, rec.rank, kind, rec.seq)] = rec
             elif kind in (ringmod.REC_COLL_DONE, ringmod.REC_P2P_DONE):
@@ -332,8 +372,10 @@ class NativeReader:
                 self._comm_info[rec.comm_hash] = CommInfo(rec.comm_hash, str(rec.fields.get("name", "")),
                                                           int(rec.fields.get("nranks", 0)), rec.rank)
             elif kind == ringmod.REC_COMM_END:
-                for key in [k for k in self._flows if k[0] == rec.comm_hash and k[1] == rec.rank]:
-                    del self._flows[key]
+                mine = (rec.comm_hash, rec.rank)
+                self._flows = {k: v for k, v in self._flows.items() if k[:2] != mine}
+                self._kchs = {k: v for k, v in self._kchs.items() if k[:2] != mine}
+                self._colls = {k: v for k, v in self._colls.items() if k[:2] != mine}
         return spans
 
     def in_flight_flows(self) -> list[Record]:
@@ -341,14 +383,41 @@ class NativeReader:
         return sorted(self._flows.values(),
                       key=lambda r: (r.comm_hash, r.seq, r.fields["channel"], not r.fields["is_send"]))
 
+    def in_flight_kernel_channels(self) -> list[Record]:
+        """Latest snapshot of every kernel channel still running (started on the GPU, not stopped)."""
+        return sorted(self._kchs.values(), key=lambda r: (r.comm_hash, r.seq, r.fields["channel"]))
+
+    def in_flight_collectives(self) -> list[Record]:
+        """Latest snapshot of every collective enqueued (NCCL's Coll event) and not finished yet."""
+        return sorted((r for r in self._colls.values() if r.kind == ringmod.REC_COLL),
+                      key=lambda r: (r.comm_hash, r.seq))
+
     def heartbeat_attributes(self) -> dict[str, object]:
-        """ATTR_HB_FLOW_* parallel arrays of the flows in flight (empty when none)."""
+        """ATTR_HB_FLOW_* arrays of the flows in flight; ATTR_HB_KCH_* / ATTR_HB_NCOLL_* of the kernel
+        channels and collectives in flight (the evidence left where no proxy events exist)."""
         flows = self.in_flight_flows()
         dropped = self.dropped()
         out: dict[str, object] = {schema.ATTR_HB_NATIVE_DROPPED: dropped} if dropped else {}
+        now = time.time_ns()
+        kchs = self.in_flight_kernel_channels()
+        if kchs:
+            out.update({
+                schema.ATTR_HB_KCH_COMMS: [f"{r.comm_hash:016x}" for r in kchs],
+                schema.ATTR_HB_KCH_SEQS: [self._seq(r.comm_hash, r.seq) if r.seq != ringmod.SEQ_UNKNOWN else -1
+                                          for r in kchs],
+                schema.ATTR_HB_KCH_CHANNELS: [int(r.fields["channel"]) for r in kchs],
+                schema.ATTR_HB_KCH_AGES_S: [round(max(0, now - r.start_ns) / 1e9, 3) for r in kchs],
+            })
+        colls = self.in_flight_collectives()
+        if colls:
+            out.update({
+                schema.ATTR_HB_NCOLL_COMMS: [f"{r.comm_hash:016x}" for r in colls],
+                schema.ATTR_HB_NCOLL_SEQS: [self._seq(r.comm_hash, r.seq) for r in colls],
+                schema.ATTR_HB_NCOLL_FUNCS: [str(r.fields["func"]) for r in colls],
+                schema.ATTR_HB_NCOLL_KERNELS: [int(r.fields["children"]) for r in colls],
+            })
         if not flows:
             return out
-        now = time.time_ns()
         out.update({
             schema.ATTR_HB_FLOW_COMMS: [f"{r.comm_hash:016x}" for r in flows],
             schema.ATTR_HB_FLOW_SEQS: [self._seq(r.comm_hash, r.seq) if r.seq != ringmod.SEQ_UNKNOWN else -1

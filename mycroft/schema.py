@@ -46,6 +46,7 @@ SPAN_NATIVE_COLL: Final = "nccl.collective"
 SPAN_NATIVE_FLOW: Final = "nccl.flow"
 SPAN_NATIVE_STEP: Final = "nccl.proxy_step"
 SPAN_NATIVE_KERNEL_CHANNEL: Final = "nccl.kernel_channel"
+SPAN_NATIVE_KERNEL_PHASE: Final = "nccl.kernel_phase"  # v7 kernel barrier phase, child of nccl.kernel_channel
 
 # --------------------------------------------------------------------------------------
 # Attributes shared by every Mycroft span
@@ -64,6 +65,7 @@ KIND_NATIVE_COLL: Final = "native_collective"
 KIND_NATIVE_FLOW: Final = "native_flow"
 KIND_NATIVE_STEP: Final = "native_step"
 KIND_NATIVE_KERNEL_CHANNEL: Final = "native_kernel_channel"
+KIND_NATIVE_KERNEL_PHASE: Final = "native_kernel_phase"
 
 # --------------------------------------------------------------------------------------
 # Collective / p2p span (one per rank per op)
@@ -213,6 +215,22 @@ ATTR_NCCL_PROXY_STATE: Final = "mycroft.nccl.proxy_state"  # last ProxyStep stat
 ATTR_NCCL_PXN: Final = "mycroft.nccl.pxn"  # bool: proxy op run on behalf of another process
 ATTR_NCCL_GPU_START_NS: Final = "mycroft.nccl.gpu_start_ns"  # KernelCh GPU globaltimer at start
 ATTR_NCCL_GPU_STOP_NS: Final = "mycroft.nccl.gpu_stop_ns"  # KernelCh GPU globaltimer at stop
+# added by native/ for NCCL 2.31 (profiler v7) and copy-engine collectives (docs/native.md)
+ATTR_NCCL_USER_TAG: Final = "mycroft.nccl.user_tag"  # int: ncclCollConfig_t.userProfilerTag (absent: untagged)
+ATTR_NCCL_SYMMETRIC: Final = "mycroft.nccl.symmetric"  # bool: a symmetric-memory kernel collective
+ATTR_NCCL_KERNEL_VARIANT: Final = "mycroft.nccl.kernel_variant"  # the kernel that ran it (symmetric kernels)
+ATTR_NCCL_COPY_ENGINE: Final = "mycroft.nccl.copy_engine"  # bool: a copy-engine collective (CeColl event)
+ATTR_NCCL_KERNEL_PHASE: Final = "mycroft.nccl.kernel_phase"  # initial_sync | compute | final_sync
+ATTR_NCCL_STALE: Final = "mycroft.nccl.stale"  # bool: kernel channel whose stop never came (NCCL PR #2221)
+# in-flight kernel channels and collectives (parallel arrays): intra-node evidence without proxy events
+ATTR_HB_KCH_COMMS: Final = "mycroft.hb.kch.comms"  # NCCL commHash, hex
+ATTR_HB_KCH_SEQS: Final = "mycroft.hb.kch.seqs"  # NCCL seq of each channel's collective (-1: unknown)
+ATTR_HB_KCH_CHANNELS: Final = "mycroft.hb.kch.channels"  # NCCL channel id
+ATTR_HB_KCH_AGES_S: Final = "mycroft.hb.kch.ages_s"  # seconds since the kernel channel started
+ATTR_HB_NCOLL_COMMS: Final = "mycroft.hb.ncoll.comms"  # enqueued native collectives not finished yet
+ATTR_HB_NCOLL_SEQS: Final = "mycroft.hb.ncoll.seqs"  # NCCL seq of each enqueued collective
+ATTR_HB_NCOLL_FUNCS: Final = "mycroft.hb.ncoll.funcs"  # NCCL func name, e.g. AllReduce
+ATTR_HB_NCOLL_KERNELS: Final = "mycroft.hb.ncoll.kernels"  # kernel channels seen for it (started or done)
 ATTR_HB_FLOW_POSTED: Final = "mycroft.hb.flow.posted"  # parallel to ATTR_HB_FLOW_* above
 ATTR_HB_FLOW_RANKS: Final = "mycroft.hb.flow.ranks"  # rank owning the flow (differs under PXN)
 ATTR_HB_FLOW_PROXY_STATES: Final = "mycroft.hb.flow.proxy_states"  # last ProxyStep state per flow

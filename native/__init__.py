@@ -39,5 +39,5 @@ def _build_without_make() -> Path:
         raise RuntimeError("building the NCCL profiler plugin needs a C compiler (cc, gcc or clang)")
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run([compiler, "-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-fvisibility=hidden", "-shared",
-                    "-o", str(library_path()), str(PACKAGE_DIR / "src" / "plugin.c"), "-pthread"], check=True)
+                    "-o", str(library_path()), str(PACKAGE_DIR / "src" / "plugin.c"), "-pthread", "-ldl"], check=True)
     return library_path()

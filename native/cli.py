@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from mycroft.native import build, library_path
-from mycroft.native.ring import FILE_PREFIX, Ring, RingError, pid_alive, ring_dir, ring_path
+from mycroft.native.ring import FILE_PREFIX, Ring, RingError, find_ring, pid_alive, ring_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     if args.cmd == "dump":
-        path = ring_path(args.pid, args.ring_dir)
+        path = find_ring(args.pid, args.ring_dir)
         try:
             ring = Ring(path, writable=False)
         except FileNotFoundError:

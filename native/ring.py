@@ -19,6 +19,8 @@ from typing import Any
 
 ENV_RING_DIR = "MYCROFT_NATIVE_RING_DIR"
 DEFAULT_RING_DIR = "/dev/shm"
+ENV_FALLBACK_DIR = "MYCROFT_NATIVE_RING_FALLBACK_DIR"  # where the plugin goes when the ring dir fails
+DEFAULT_FALLBACK_DIR = "/tmp"
 FILE_PREFIX = "mycroft-nccl-"
 MAGIC = b"MYCRNCCL"
 VERSION = 1
@@ -29,12 +31,14 @@ RECORD_SIZE = 128
 _OFF_HEAD = 64
 _OFF_TAIL = 128
 _HEADER_FMT = "<8sIIIIiIQ"  # magic, version, header_size, record_size, capacity, pid, snapshot_ms, created_ns
-_COUNTERS_FMT = "<QQQIIQ"  # dropped_records, dropped_events, published_ns, live_comms, finalized, total_records
+# dropped_records, dropped_events, published_ns, live_comms, finalized, total_records, foreign_events
+_COUNTERS_FMT = "<QQQIIQQ"
 _OFF_COUNTERS = 192
 
 # record kinds (MC_REC_*) and their names in dumps
 REC_COMM, REC_COLL, REC_COLL_DONE, REC_P2P, REC_P2P_DONE = 1, 2, 3, 4, 5
 REC_FLOW, REC_FLOW_DONE, REC_KCH_DONE, REC_COMM_END = 6, 7, 8, 9
+REC_COLL_INFO, REC_KCH = 10, 11
 KIND_NAMES = {
     REC_COMM: "comm",
     REC_COLL: "coll",
@@ -45,8 +49,15 @@ KIND_NAMES = {
     REC_FLOW_DONE: "flow_done",
     REC_KCH_DONE: "kernel_channel",
     REC_COMM_END: "comm_end",
+    REC_COLL_INFO: "coll_info",
+    REC_KCH: "kernel_channel_in_flight",
 }
 FLAG_ABORTED, FLAG_PXN, FLAG_ORPHAN, FLAG_ENQUEUED, FLAG_UNFINISHED = 1, 2, 4, 8, 16
+FLAG_SYM, FLAG_CE, FLAG_STALE = 32, 64, 128
+_FLAG_NAMES = ((FLAG_ABORTED, "aborted"), (FLAG_PXN, "pxn"), (FLAG_ORPHAN, "orphan"), (FLAG_ENQUEUED, "enqueued"),
+               (FLAG_UNFINISHED, "unfinished"), (FLAG_SYM, "symmetric"), (FLAG_CE, "copy_engine"),
+               (FLAG_STALE, "stale"))
+KERNEL_PHASES = ("initial_sync", "compute", "final_sync")  # v7 phaseId 0, 1, 2
 SEQ_UNKNOWN = 2**64 - 1
 
 # ProxyStep states (recordEventState), for readable evidence
@@ -63,9 +74,10 @@ PROXY_STATE_NAMES = {
 _COMMON = struct.Struct("<QHHiQQQQQ")  # index kind flags rank comm seq start end time
 _COLL = struct.Struct("<QQiBBH14s14s14s6s")
 _FLOW = struct.Struct("<iiiiIIIIQQiIBBHI8x")
-_KCH = struct.Struct("<iIQQH46x")
+_KCH = struct.Struct("<iIQQHBx4x4Q8x")
 _COMM = struct.Struct("<iiII56s")
-assert _COMMON.size == 56 and _COLL.size == _FLOW.size == _KCH.size == _COMM.size == 72
+_INFO = struct.Struct("<QHBx4x56s")
+assert _COMMON.size == 56 and _COLL.size == _FLOW.size == _KCH.size == _COMM.size == _INFO.size == 72
 
 
 def ring_dir(override: str | os.PathLike[str] | None = None) -> Path:
@@ -75,6 +87,16 @@ def ring_dir(override: str | os.PathLike[str] | None = None) -> Path:
 def ring_path(pid: int, directory: str | os.PathLike[str] | None = None) -> Path:
     """Where process `pid`'s plugin keeps its ring (deterministic, so any reader can find it)."""
     return ring_dir(directory) / f"{FILE_PREFIX}{pid}"
+
+
+def find_ring(pid: int, directory: str | os.PathLike[str] | None = None) -> Path:
+    """The ring of `pid`: in the ring dir, else in the fallback dir the plugin uses when the ring
+    dir cannot hold it (full or missing /dev/shm); the ring dir's path when neither exists."""
+    first = ring_path(pid, directory)
+    if first.exists():
+        return first
+    fallback = Path(os.environ.get(ENV_FALLBACK_DIR) or DEFAULT_FALLBACK_DIR) / f"{FILE_PREFIX}{pid}"
+    return fallback if fallback.exists() else first
 
 
 def _text(raw: bytes) -> str:
@@ -123,10 +145,7 @@ class Record:
             )
         out["start_ns"] = self.start_ns
         out["end_ns"] = self.end_ns
-        out["flags"] = [name for bit, name in ((FLAG_ABORTED, "aborted"), (FLAG_PXN, "pxn"),
-                                                (FLAG_ORPHAN, "orphan"), (FLAG_ENQUEUED, "enqueued"),
-                                                (FLAG_UNFINISHED, "unfinished"))
-                        if self.flags & bit]
+        out["flags"] = [name for bit, name in _FLAG_NAMES if self.flags & bit]
         for key, value in self.fields.items():
             out.setdefault(key, value)
         return out
@@ -156,10 +175,17 @@ def decode(buf: bytes | memoryview | mmap.mmap, offset: int, position: int) -> R
             "proxy_state": PROXY_STATE_NAMES.get(last_state, str(last_state)), "parent_kind": parent_kind,
             "cur_step": cur_step,
         }
-    elif kind == REC_KCH_DONE:
-        channel, uid, gpu_start, gpu_stop, parent_kind = _KCH.unpack_from(buf, body)
+    elif kind in (REC_KCH_DONE, REC_KCH):
+        channel, uid, gpu_start, gpu_stop, parent_kind, phase_mask, *bounds = _KCH.unpack_from(buf, body)
         rec.fields = {"channel": channel, "uid": uid, "gpu_start": gpu_start, "gpu_stop": gpu_stop,
                       "parent_kind": parent_kind}
+        if phase_mask:  # phase i ran from bounds[i] to bounds[i + 1] (GPU globaltimer)
+            rec.fields["phases"] = {KERNEL_PHASES[i]: (bounds[i], bounds[i + 1]) for i in range(3)
+                                    if phase_mask & (1 << i)}
+    elif kind == REC_COLL_INFO:
+        user_tag, parent_kind, is_sym, variant = _INFO.unpack_from(buf, body)
+        rec.fields = {"user_tag": user_tag, "parent_kind": parent_kind, "symmetric": bool(is_sym),
+                      "kernel_variant": _text(variant)}
     elif kind in (REC_COMM, REC_COMM_END):
         nranks, nnodes, api_version, _pad, name = _COMM.unpack_from(buf, body)
         rec.fields = {"nranks": nranks, "nnodes": nnodes, "api_version": api_version, "name": _text(name)}
@@ -223,11 +249,11 @@ class Ring:
         return self._load(_OFF_TAIL)
 
     def counters(self) -> dict[str, int]:
-        dropped, dropped_events, published_ns, live, finalized, total = struct.unpack_from(
+        dropped, dropped_events, published_ns, live, finalized, total, foreign = struct.unpack_from(
             _COUNTERS_FMT, self._mm, _OFF_COUNTERS)
         return {"dropped_records": dropped, "dropped_events": dropped_events, "published_ns": published_ns,
-                "live_comms": live, "finalized": finalized, "total_records": total, "head": self.head,
-                "tail": self.tail, "capacity": self.capacity}
+                "live_comms": live, "finalized": finalized, "total_records": total, "foreign_events": foreign,
+                "head": self.head, "tail": self.tail, "capacity": self.capacity}
 
     def _at(self, position: int) -> Record | None:
         return decode(self._mm, HEADER_SIZE + (position & (self.capacity - 1)) * RECORD_SIZE, position)

@@ -34,6 +34,8 @@ enum {
   MC_REC_FLOW_DONE = 7, /* flow completion record */
   MC_REC_KCH_DONE = 8,  /* kernel channel completion (GPU timestamps) */
   MC_REC_COMM_END = 9,  /* finalize */
+  MC_REC_COLL_INFO = 10, /* v7 facts of the coll / p2p record that follows it (same comm, rank, seq) */
+  MC_REC_KCH = 11,       /* in-flight kernel channel snapshot (intra-node progress evidence) */
 };
 
 /* record flags */
@@ -42,7 +44,10 @@ enum {
   MC_FLAG_PXN = 2,     /* proxy op issued on behalf of another process */
   MC_FLAG_ORPHAN = 4,  /* no usable parent (dropped, PXN or retired): seq unknown */
   MC_FLAG_ENQUEUED = 8, /* coll/p2p: NCCL's stopEvent (enqueue) was seen */
-  MC_FLAG_UNFINISHED = 16 /* coll/p2p: retired without the kernel channels it expected (end unknown) */
+  MC_FLAG_UNFINISHED = 16, /* coll/p2p: retired without the kernel channels it expected (end unknown) */
+  MC_FLAG_SYM = 32,        /* coll: a symmetric-memory kernel collective (v7 isSymColl) */
+  MC_FLAG_CE = 64,         /* coll: a copy-engine collective (CeColl event): host enqueue times only */
+  MC_FLAG_STALE = 128      /* kernel channel: its stop never came, a later kernel on the channel finished */
 };
 
 typedef struct {
@@ -65,7 +70,8 @@ typedef struct {
   _Atomic uint32_t live_comms;      /* 216 */
   _Atomic uint32_t finalized;       /* 220: every communicator finalized */
   _Atomic uint64_t total_records;   /* 224: records written */
-  uint8_t pad3[MC_RING_HEADER_SIZE - 232];
+  _Atomic uint64_t foreign_events;  /* 232: events under a context that is not ours (dropped) */
+  uint8_t pad3[MC_RING_HEADER_SIZE - 240];
 } mc_ring_header_t;
 
 typedef struct {
@@ -107,8 +113,21 @@ typedef struct {
   uint64_t gpu_start;
   uint64_t gpu_stop;
   uint16_t parent_kind;
-  uint8_t pad[46];
+  uint8_t phase_mask; /* v7 kernel phases seen: bit i = phase i (0 initial_sync, 1 compute, 2 final_sync) */
+  uint8_t pad0;
+  uint32_t pad1;
+  uint64_t phase_ts[4]; /* phase i runs from phase_ts[i] to phase_ts[i + 1] (GPU globaltimer) */
+  uint8_t pad[8];
 } mc_rec_kch_t;
+
+typedef struct {
+  uint64_t user_tag;     /* ncclCollConfig_t.userProfilerTag, 0 = untagged */
+  uint16_t parent_kind;  /* the record this completes: MC_REC_COLL_DONE or MC_REC_P2P_DONE */
+  uint8_t is_sym;
+  uint8_t pad0;
+  uint32_t pad1;
+  char kernel_variant[56]; /* NUL padded */
+} mc_rec_info_t;
 
 typedef struct {
   int32_t nranks;
@@ -133,6 +152,7 @@ typedef struct {
     mc_rec_flow_t flow;
     mc_rec_kch_t kch;
     mc_rec_comm_t comm;
+    mc_rec_info_t info;
   } u;
 } mc_record_t;
 
@@ -141,10 +161,12 @@ _Static_assert(offsetof(mc_ring_header_t, head) == 64, "head offset");
 _Static_assert(offsetof(mc_ring_header_t, tail) == 128, "tail offset");
 _Static_assert(offsetof(mc_ring_header_t, dropped_records) == 192, "dropped offset");
 _Static_assert(offsetof(mc_ring_header_t, total_records) == 224, "total offset");
+_Static_assert(offsetof(mc_ring_header_t, foreign_events) == 232, "foreign offset");
 _Static_assert(sizeof(mc_record_t) == MC_RING_RECORD_SIZE, "record size");
 _Static_assert(offsetof(mc_record_t, u) == 56, "payload offset");
 _Static_assert(sizeof(mc_rec_coll_t) == 72 && sizeof(mc_rec_flow_t) == 72, "payload size");
 _Static_assert(sizeof(mc_rec_kch_t) == 72 && sizeof(mc_rec_comm_t) == 72, "payload size");
+_Static_assert(sizeof(mc_rec_info_t) == 72 && offsetof(mc_rec_kch_t, phase_ts) == 32, "payload size");
 _Static_assert(offsetof(mc_rec_coll_t, func) == 24 && offsetof(mc_rec_coll_t, proto) == 66, "coll layout");
 _Static_assert(offsetof(mc_rec_flow_t, bytes) == 32 && offsetof(mc_rec_flow_t, cur_step) == 60, "flow layout");
 

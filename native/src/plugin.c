@@ -22,6 +22,7 @@
  *   collective is retired only after it has been quiet for a linger period.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -44,24 +45,35 @@
 #define MC_MAX_STEPS 16u /* power of two, > NCCL_STEPS (8) */
 #define MC_ALLOC_PROBES 32u
 
-enum { T_COLL = 1, T_P2P = 2, T_FLOW = 3, T_KCH = 4, T_STEP = 5 };
+enum { T_COLL = 1, T_P2P = 2, T_FLOW = 3, T_KCH = 4, T_STEP = 5, T_PHASE = 6, T_OVF = 7, T_PAIR = 8 };
 /* slot states: FREE -> BUSY (claimed, being filled) -> ACTIVE -> STOPPED -> FREE */
 enum { S_FREE = 0, S_BUSY = 1, S_ACTIVE = 2, S_STOPPED = 3 };
 enum { SEEN_G = 1, SEEN_T = 2, SEEN_D = 4 };
+#define MC_PHASES 3 /* v7 kernel phases: initial_sync, compute, final_sync */
 
 struct mc_ctx;
 struct mc_flow;
+struct mc_kch;
 
-typedef struct mc_parent { /* a Coll or P2p event */
+/* Every handle Mycroft gives NCCL starts with the same 16 bytes: its type (byte 0) and, at
+ * byte 8, the chained plugin's handle for the same event (NULL when nothing is chained). */
+#define MC_CHAIN(h) (*(void**)((char*)(h) + 8))
+
+typedef struct mc_parent { /* a Coll, P2p or CeColl event */
   uint8_t type;
   _Atomic uint32_t state;
+  void* chain;
   struct mc_ctx* ctx;
   uint64_t seq;
   uint64_t count;
   int32_t root_or_peer;
   uint8_t nchannels, nwarps;
   uint8_t expect; /* 1: a child (flow / kernel channel) must be seen before the op can be done */
+  uint8_t is_sym;
+  uint16_t flags; /* MC_FLAG_SYM, MC_FLAG_CE */
   char func[14], algo[14], dtype[14], proto[6];
+  uint64_t user_tag;  /* v7 */
+  char variant[56];   /* v7 kernelVariant, "" when none */
   uint64_t start_t; /* hot-path timestamps are clock ticks (mc_ticks); the publisher converts */
   _Atomic uint64_t stop_t;
   _Atomic uint64_t children; /* low 32 bits: open children, high 32: children seen (one RMW each way) */
@@ -76,12 +88,23 @@ typedef struct mc_step {
   uint8_t seen;
   uint16_t pad;
   uint32_t step;
+  void* chain;
   struct mc_flow* flow;
 } mc_step_t;
+
+typedef struct mc_phase { /* a v7 KernelPhase: a slot of its kernel channel, like a step of its flow */
+  uint8_t type;
+  uint8_t id;
+  uint16_t pad0;
+  uint32_t pad1;
+  void* chain;
+  struct mc_kch* kch;
+} mc_phase_t;
 
 typedef struct mc_flow { /* a ProxyOp */
   uint8_t type;
   _Atomic uint32_t state;
+  void* chain;
   struct mc_ctx* ctx;
   mc_parent_t* parent; /* NULL when orphan */
   uint64_t seq;
@@ -106,6 +129,7 @@ typedef struct mc_flow { /* a ProxyOp */
 typedef struct mc_kch { /* a KernelCh */
   uint8_t type;
   _Atomic uint32_t state;
+  void* chain;
   struct mc_ctx* ctx;
   mc_parent_t* parent;
   uint64_t seq;
@@ -116,21 +140,55 @@ typedef struct mc_kch { /* a KernelCh */
   uint64_t start_t, stop_t; /* ticks */
   uint64_t gpu_start;
   _Atomic uint64_t gpu_stop;
+  /* v7 phases: written by the thread that runs the channel's events, read after STOPPED */
+  uint8_t phase_mask;
+  uint64_t phase_ts[MC_PHASES + 1];
+  mc_phase_t phases[MC_PHASES];
 } mc_kch_t;
+
+typedef struct mc_pair { /* chaining: an event only the chained plugin keeps (or ours was dropped) */
+  uint8_t type;
+  _Atomic uint32_t state;
+  void* chain;
+  uint64_t stop_t; /* ticks; freed by the publisher a grace period after its stop */
+} mc_pair_t;
+
+_Static_assert(offsetof(mc_parent_t, chain) == 8 && offsetof(mc_step_t, chain) == 8, "chain slot");
+_Static_assert(offsetof(mc_flow_t, chain) == 8 && offsetof(mc_kch_t, chain) == 8, "chain slot");
+_Static_assert(offsetof(mc_phase_t, chain) == 8 && offsetof(mc_pair_t, chain) == 8, "chain slot");
 
 typedef struct mc_ctx {
   uint64_t comm_hash;
   int32_t rank, nranks, nnodes, version;
   char name[56];
-  uint32_t ncolls, nflows, nkchs; /* powers of two */
+  uint32_t ncolls, nflows, nkchs, npairs; /* powers of two */
   mc_parent_t* colls;
   mc_flow_t* flows;
   mc_kch_t* kchs;
+  mc_pair_t* pairs; /* only when a plugin is chained */
+  mc_parent_t overflow; /* handed out when the coll pool is full, so NCCL still starts the children (#1544) */
   _Atomic uint32_t* p2p_seq; /* [nranks][2]: per peer, per direction */
-  _Atomic uint32_t coll_cursor, flow_cursor, kch_cursor;
+  _Atomic uint32_t coll_cursor, flow_cursor, kch_cursor, pair_cursor;
   uint32_t colls_with_children; /* publisher-only: retired collectives that had a flow / kernel channel */
+  uint64_t kch_done_start[256]; /* publisher-only: per channel, the latest start of a kernel channel that stopped */
+  void* chain_ctx; /* the chained plugin's context for this communicator */
   struct mc_ctx* next;
 } mc_ctx_t;
+
+#define MC_MAX_CTX 256u
+static _Atomic(mc_ctx_t*) live_ctx[MC_MAX_CTX]; /* contexts we created, compared by address only */
+static _Atomic uint32_t live_ctx_n;             /* high-water mark of live_ctx */
+
+/* the chained profiler plugin (MYCROFT_NCCL_PROFILER_CHAIN) */
+static struct {
+  void* lib;
+  int version; /* of the table used: the highest the plugin exports <= the version NCCL calls us with */
+  const mcNcclProfiler_v4_t* t4;
+  const mcNcclProfiler_v7_t* t7; /* v5, v6 and v7 tables share one layout; typed as v7 */
+  int mask;   /* the event mask its init asked for */
+  int tried;
+  char name[64];
+} chain;
 
 static struct {
   pthread_mutex_t lock; /* ctx list, ring writes, publisher lifecycle: never on the hot path */
@@ -144,9 +202,10 @@ static struct {
   pthread_t thread;
   int thread_running;
   _Atomic uint64_t run_gen; /* the publisher runs while this equals the value it was started with */
-  uint64_t snapshot_ns, linger_ns, tick_ns, last_snapshot_ns, child_wait_ns;
-  uint32_t pool_colls, pool_flows, pool_kchs;
+  uint64_t snapshot_ns, linger_ns, tick_ns, last_snapshot_ns, child_wait_ns, pair_grace_ns;
+  uint32_t pool_colls, pool_flows, pool_kchs, pool_pairs;
   int mask;
+  int mask_version; /* the profiler version g.mask was chosen for */
   pid_t pid;
   mcNcclDebugLogger_t log;
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -350,6 +409,10 @@ static inline void count_dropped_event(void) {
   if (g.ring) atomic_fetch_add_explicit(&g.ring->dropped_events, 1, memory_order_relaxed);
 }
 
+static inline void count_foreign_event(void) {
+  if (g.ring) atomic_fetch_add_explicit(&g.ring->foreign_events, 1, memory_order_relaxed);
+}
+
 /* Claim a FREE slot: FREE -> BUSY with one CAS, a few probes from a shared cursor. */
 #define MC_POOL_ALLOC(pool, n, cursor, out)                                                          \
   do {                                                                                               \
@@ -374,31 +437,40 @@ static inline int parent_live(const mc_parent_t* p) {
   return s == S_ACTIVE || s == S_STOPPED;
 }
 
-static void* start_parent(mc_ctx_t* ctx, int type, int rank, uint64_t seq, const char* func, size_t count,
-                          const char* dtype, int root_or_peer, uint8_t nch, uint8_t nwarps, const char* algo,
-                          const char* proto) {
+static void* start_parent(mc_ctx_t* ctx, int type, uint64_t seq, const char* func, size_t count, const char* dtype,
+                          int root_or_peer, uint8_t nch, uint8_t nwarps, const char* algo, const char* proto,
+                          uint16_t flags, uint64_t user_tag, const char* variant) {
   mc_parent_t* p;
   MC_POOL_ALLOC(ctx->colls, ctx->ncolls, ctx->coll_cursor, p);
   if (MC_UNLIKELY(!p)) {
     count_dropped_event();
-    return NULL;
+    /* not NULL: NCCL would then start none of its children (#1544); under the sentinel they
+     * still come, as orphans, with their counters */
+    return &ctx->overflow;
   }
-  (void)rank;
   uint64_t now = mc_ticks();
   p->type = (uint8_t)type;
+  p->chain = NULL;
   p->ctx = ctx;
   p->seq = seq;
   p->count = count;
   p->root_or_peer = root_or_peer;
   p->nchannels = nch;
   p->nwarps = nwarps;
+  p->flags = flags;
   /* NCCL stops a Coll at enqueue; its kernel may start much later (queued behind other work
-   * on the stream), so its children can come long after the stop: see publish_ctx */
-  p->expect = ctx->nranks > 1 && (g.mask & (MC_EV_KERNEL_CH | MC_EV_PROXY_OP));
+   * on the stream), so its children can come long after the stop: see publish_ctx. A
+   * copy-engine collective has no children. */
+  p->expect = !(flags & MC_FLAG_CE) && ctx->nranks > 1 && (g.mask & (MC_EV_KERNEL_CH | MC_EV_PROXY_OP));
   copy_fixed(p->func, sizeof p->func, func);
   copy_fixed(p->algo, sizeof p->algo, algo);
   copy_fixed(p->dtype, sizeof p->dtype, dtype);
   copy_fixed(p->proto, sizeof p->proto, proto);
+  p->user_tag = user_tag;
+  if (MC_UNLIKELY(variant != NULL))
+    copy_fixed(p->variant, sizeof p->variant, variant);
+  else
+    p->variant[0] = 0;
   p->start_t = now;
   p->last_snapshot_ns = now;
   atomic_store_explicit(&p->stop_t, 0, memory_order_relaxed);
@@ -451,6 +523,7 @@ static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int
     flags |= MC_FLAG_PXN;
   }
   f->type = T_FLOW;
+  f->chain = NULL;
   f->ctx = ctx;
   f->parent = child_parent(parentObj, now, &f->seq, &f->parent_kind);
   if (!f->parent) flags |= MC_FLAG_ORPHAN;
@@ -488,7 +561,9 @@ static void* start_kch(mc_ctx_t* ctx, void* parentObj, int rank, int channel, ui
   }
   uint64_t now = mc_ticks();
   k->type = T_KCH;
+  k->chain = NULL;
   k->ctx = ctx;
+  k->phase_mask = 0;
   k->parent = child_parent(parentObj, now, &k->seq, &k->parent_kind);
   k->flags = k->parent ? 0 : MC_FLAG_ORPHAN;
   k->rank = rank;
@@ -507,11 +582,27 @@ static inline void* start_step(void* parentObj, int step) {
   if (MC_UNLIKELY(!f || f->type != T_FLOW)) return NULL;
   mc_step_t* s = &f->steps[(uint32_t)step & (MC_MAX_STEPS - 1)];
   s->type = T_STEP;
+  s->chain = NULL;
   s->seen = 0;
   s->step = (uint32_t)step;
   s->flow = f;
   bump32(&f->posted);
   return s;
+}
+
+/* A v7 KernelPhase: NCCL starts, records (KernelPhaseStop) and stops it in one go, while
+ * its kernel channel is still open (the channel stops after its phases). */
+static void* start_phase(void* parentObj, int id, uint64_t ptimer) {
+  mc_kch_t* k = (mc_kch_t*)parentObj;
+  if (MC_UNLIKELY(!k || k->type != T_KCH || id < 0 || id >= MC_PHASES)) return NULL;
+  if (atomic_load_explicit(&k->state, memory_order_acquire) != S_ACTIVE) return NULL;
+  mc_phase_t* ph = &k->phases[id];
+  ph->type = T_PHASE;
+  ph->id = (uint8_t)id;
+  ph->chain = NULL;
+  ph->kch = k;
+  k->phase_ts[id] = ptimer;
+  return ph;
 }
 
 static inline void step_mark(mc_step_t* s, mc_flow_t* f, uint8_t bits) {
@@ -566,11 +657,26 @@ static mcNcclResult_t core_stop(void* h) {
     }
     case T_KCH: {
       mc_kch_t* k = (mc_kch_t*)h;
-      if (atomic_load_explicit(&k->state, memory_order_relaxed) != S_ACTIVE) return mcNcclSuccess;
+      /* claimed by CAS: the publisher may retire a stale channel (its stop never came) */
+      uint32_t exp = S_ACTIVE;
+      if (!atomic_compare_exchange_strong_explicit(&k->state, &exp, S_BUSY, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+        return mcNcclSuccess;
       uint64_t now = mc_ticks();
       k->stop_t = now;
       child_done(k->parent, now);
       atomic_store_explicit(&k->state, S_STOPPED, memory_order_release);
+      return mcNcclSuccess;
+    }
+    case T_PHASE: {
+      mc_phase_t* ph = (mc_phase_t*)h;
+      ph->kch->phase_mask |= (uint8_t)(1u << ph->id);
+      return mcNcclSuccess;
+    }
+    case T_PAIR: {
+      mc_pair_t* pr = (mc_pair_t*)h;
+      pr->stop_t = mc_ticks();
+      atomic_store_explicit(&pr->state, S_STOPPED, memory_order_release);
       return mcNcclSuccess;
     }
     case T_COLL:
@@ -595,6 +701,9 @@ static mcNcclResult_t core_record(void* h, int state, const mcNcclProfilerEventS
     record_step((mc_step_t*)h, state, a);
   } else if (type == T_KCH && state == MC_ST_KERNEL_CH_STOP && a) {
     atomic_store_explicit(&((mc_kch_t*)h)->gpu_stop, a->kernelCh.pTimer, memory_order_relaxed);
+  } else if (type == T_PHASE && state == MC_ST_KERNEL_PHASE_STOP && a) {
+    mc_phase_t* ph = (mc_phase_t*)h;
+    ph->kch->phase_ts[ph->id + 1] = a->kernelCh.pTimer;
   }
   return mcNcclSuccess;
 }
@@ -639,11 +748,30 @@ static uint64_t dtype_size(const char* d) {
   return 0;
 }
 
+/* The v7 facts of a finished collective (tag, kernel variant), just before its record. */
+static void emit_info(mc_parent_t* p, int kind, uint64_t now_real) {
+  mc_record_t r;
+  memset(&r, 0, sizeof r);
+  r.kind = MC_REC_COLL_INFO;
+  r.flags = p->flags;
+  r.rank = p->ctx->rank;
+  r.comm_hash = p->ctx->comm_hash;
+  r.seq = p->seq;
+  r.time_ns = now_real;
+  r.u.info.user_tag = p->user_tag;
+  r.u.info.parent_kind = (uint16_t)kind;
+  r.u.info.is_sym = (p->flags & MC_FLAG_SYM) ? 1 : 0;
+  memcpy(r.u.info.kernel_variant, p->variant, sizeof r.u.info.kernel_variant);
+  ring_push(&r);
+}
+
 static void emit_parent(mc_parent_t* p, int kind, uint16_t flags, int64_t off, uint64_t now_real) {
+  if ((kind == MC_REC_COLL_DONE || kind == MC_REC_P2P_DONE) && (p->user_tag || p->variant[0]))
+    emit_info(p, kind, now_real);
   mc_record_t r;
   memset(&r, 0, sizeof r);
   r.kind = (uint16_t)kind;
-  r.flags = flags;
+  r.flags = (uint16_t)(flags | p->flags);
   if (atomic_load_explicit(&p->stop_t, memory_order_relaxed)) r.flags |= MC_FLAG_ENQUEUED;
   r.rank = p->ctx->rank;
   r.comm_hash = p->ctx->comm_hash;
@@ -703,16 +831,22 @@ static void emit_flow(mc_flow_t* f, int kind, uint16_t flags, int64_t off, uint6
   ring_push(&r);
 }
 
-static void emit_kch(mc_kch_t* k, uint16_t flags, int64_t off, uint64_t now_real) {
+static void emit_kch(mc_kch_t* k, int kind, uint16_t flags, int64_t off, uint64_t now_real) {
   mc_record_t r;
   memset(&r, 0, sizeof r);
-  r.kind = MC_REC_KCH_DONE;
+  r.kind = (uint16_t)kind;
   r.flags = (uint16_t)(k->flags | flags);
   r.rank = k->rank;
   r.comm_hash = k->ctx->comm_hash;
   r.seq = k->seq;
   r.start_ns = to_real(ticks_to_ns(k->start_t), off);
-  r.end_ns = to_real(k->stop_t ? ticks_to_ns(k->stop_t) : mono_ns(), off);
+  if (kind == MC_REC_KCH_DONE)
+    r.end_ns = (flags & MC_FLAG_STALE) ? r.start_ns : to_real(k->stop_t ? ticks_to_ns(k->stop_t) : mono_ns(), off);
+  if (kind == MC_REC_KCH_DONE && !(flags & (MC_FLAG_ABORTED | MC_FLAG_STALE))) {
+    /* phases are complete once the channel stopped (NCCL sends them before its stop) */
+    r.u.kch.phase_mask = k->phase_mask;
+    for (int i = 0; i <= MC_PHASES; i++) r.u.kch.phase_ts[i] = k->phase_ts[i];
+  }
   r.time_ns = now_real;
   r.u.kch.channel = k->channel;
   r.u.kch.uid = k->uid;
@@ -762,12 +896,45 @@ static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_r
       atomic_store_explicit(&f->state, S_FREE, memory_order_release);
     }
   }
+  /* kernel channels: completions first (and, per channel, the latest start among them) */
   for (uint32_t i = 0; i < ctx->nkchs; i++) {
     mc_kch_t* k = &ctx->kchs[i];
-    uint32_t st = atomic_load_explicit(&k->state, memory_order_acquire);
-    if (st == S_STOPPED || (abort && st == S_ACTIVE)) {
-      emit_kch(k, st == S_ACTIVE ? MC_FLAG_ABORTED : 0, off, now_real);
+    if (atomic_load_explicit(&k->state, memory_order_acquire) != S_STOPPED) continue;
+    uint64_t* last = &ctx->kch_done_start[(uint32_t)k->channel & 255u];
+    if (k->start_t > *last) *last = k->start_t;
+    emit_kch(k, MC_REC_KCH_DONE, 0, off, now_real);
+    atomic_store_explicit(&k->state, S_FREE, memory_order_release);
+  }
+  /* then the open ones: aborted at finalize; stale when a channel that started after it has
+   * finished (kernels run in order on a channel: its stop was lost, e.g. delivered before
+   * its start, PR #2221); otherwise in flight: a snapshot (intra-node progress evidence) */
+  for (uint32_t i = 0; i < ctx->nkchs; i++) {
+    mc_kch_t* k = &ctx->kchs[i];
+    if (atomic_load_explicit(&k->state, memory_order_acquire) != S_ACTIVE) continue;
+    uint64_t start_ns = ticks_to_ns(k->start_t);
+    if (abort) {
+      emit_kch(k, MC_REC_KCH_DONE, MC_FLAG_ABORTED, off, now_real);
       atomic_store_explicit(&k->state, S_FREE, memory_order_release);
+    } else if (k->start_t < ctx->kch_done_start[(uint32_t)k->channel & 255u] && now >= start_ns &&
+               now - start_ns >= g.linger_ns) {
+      uint32_t exp = S_ACTIVE;
+      if (!atomic_compare_exchange_strong_explicit(&k->state, &exp, S_BUSY, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+        continue; /* its stop came after all */
+      if (k->parent) atomic_fetch_sub_explicit(&k->parent->children, 1, memory_order_acq_rel);
+      emit_kch(k, MC_REC_KCH_DONE, MC_FLAG_STALE, off, now_real);
+      atomic_store_explicit(&k->state, S_FREE, memory_order_release);
+    } else if (snapshot && now - start_ns >= g.snapshot_ns / 2) {
+      emit_kch(k, MC_REC_KCH, 0, off, now_real);
+    }
+  }
+  for (uint32_t i = 0; i < ctx->npairs; i++) {
+    mc_pair_t* pr = &ctx->pairs[i];
+    uint32_t st = atomic_load_explicit(&pr->state, memory_order_acquire);
+    if (st == S_STOPPED || (abort && st == S_ACTIVE)) {
+      uint64_t stop_ns = ticks_to_ns(pr->stop_t);
+      if (abort || (now >= stop_ns && now - stop_ns >= g.pair_grace_ns))
+        atomic_store_explicit(&pr->state, S_FREE, memory_order_release);
     }
   }
   for (uint32_t i = 0; i < ctx->ncolls; i++) {
@@ -836,21 +1003,42 @@ static void* publisher_main(void* arg) {
   return NULL;
 }
 
+/* Create, size and map one ring file in `dir`; -1 when that is not possible. The pages are
+ * reserved up front (posix_fallocate): a tmpfs that is full would otherwise fail later, on
+ * the first write to a page, with SIGBUS (PR #2326 is NCCL's own fix for /dev/shm). */
+static int ring_map_file(const char* dir, void** out) {
+  snprintf(g.ring_path, sizeof g.ring_path, "%s/%s%d", dir, MC_RING_FILE_PREFIX, (int)g.pid);
+  int fd = open(g.ring_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return -1;
+  int err = ftruncate(fd, (off_t)g.ring_bytes) != 0 ? errno : posix_fallocate(fd, 0, (off_t)g.ring_bytes);
+  void* m = err ? MAP_FAILED : mmap(NULL, g.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) {
+    unlink(g.ring_path);
+    return -1;
+  }
+  *out = m;
+  return 0;
+}
+
+/* The ring: $MYCROFT_NATIVE_RING_DIR (default /dev/shm), else $MYCROFT_NATIVE_RING_FALLBACK_DIR
+ * (default /tmp), else anonymous memory: the plugin keeps running (and a chained plugin with
+ * it) even where no ring file can be made; only readers lose it. Returns 1 for anonymous. */
 static int ring_open(void) {
   const char* dir = getenv("MYCROFT_NATIVE_RING_DIR");
   if (!dir || !*dir) dir = "/dev/shm";
-  snprintf(g.ring_path, sizeof g.ring_path, "%s/%s%d", dir, MC_RING_FILE_PREFIX, (int)g.pid);
+  const char* fallback = getenv("MYCROFT_NATIVE_RING_FALLBACK_DIR");
+  if (!fallback || !*fallback) fallback = "/tmp";
   g.cap = pow2_at_least(env_u64("MYCROFT_NATIVE_RING_RECORDS", 16384, 64, 1u << 24), 64, 1u << 24);
   g.ring_bytes = MC_RING_HEADER_SIZE + (size_t)g.cap * MC_RING_RECORD_SIZE;
-  int fd = open(g.ring_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return -1;
-  if (ftruncate(fd, (off_t)g.ring_bytes) != 0) {
-    close(fd);
-    return -1;
+  void* m = NULL;
+  int anonymous = 0;
+  if (ring_map_file(dir, &m) != 0 && (!strcmp(dir, fallback) || ring_map_file(fallback, &m) != 0)) {
+    m = mmap(NULL, g.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return -1;
+    g.ring_path[0] = 0;
+    anonymous = 1;
   }
-  void* m = mmap(NULL, g.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (m == MAP_FAILED) return -1;
   mc_ring_header_t* h = (mc_ring_header_t*)m;
   memcpy(h->magic, MC_RING_MAGIC, 8);
   h->version = MC_RING_VERSION;
@@ -862,7 +1050,25 @@ static int ring_open(void) {
   h->created_ns = real_ns();
   g.records = (mc_record_t*)((char*)m + MC_RING_HEADER_SIZE);
   g.ring = h;
-  return 0;
+  return anonymous;
+}
+
+/* The events Mycroft asks NCCL for, by the profiler version NCCL called it with (one NCCL per
+ * process, so one version). KernelCh cost ~1 % on 2.29 (0.26 % in one Megatron run, #1809) but
+ * 4.3-13.3 % on 2.31.2 (#2355: it also turns on kernel-phase timestamps and a fence), so v7
+ * leaves it off unless MYCROFT_NATIVE_KERNEL_CH=1 (MYCROFT_NATIVE_KERNEL_PHASES=1: phases too).
+ * CeColl (v6+) makes copy-engine collectives visible. MYCROFT_NATIVE_EVENT_MASK overrides. */
+static int default_mask(int version) {
+  int base = MC_EV_COLL | MC_EV_P2P | MC_EV_PROXY_OP | MC_EV_PROXY_STEP;
+  int bits = version >= 7 ? (int)MC_EV_BITS_V7 : version == 6 ? (int)MC_EV_BITS_V6
+           : version == 5 ? (int)MC_EV_BITS_V5 : (int)MC_EV_BITS_V4;
+  const char* forced = getenv("MYCROFT_NATIVE_EVENT_MASK");
+  if (forced && *forced) return (int)env_u64("MYCROFT_NATIVE_EVENT_MASK", 0, 0, 0xffff) & bits;
+  if (version <= 6) base |= MC_EV_KERNEL_CH;
+  if (version >= 6) base |= MC_EV_CE_COLL;
+  if (version >= 7 && env_u64("MYCROFT_NATIVE_KERNEL_CH", 0, 0, 1)) base |= MC_EV_KERNEL_CH;
+  if (version >= 7 && env_u64("MYCROFT_NATIVE_KERNEL_PHASES", 0, 0, 1)) base |= MC_EV_KERNEL_CH | MC_EV_KERNEL_PHASE;
+  return base & bits;
 }
 
 static void configure(void) {
@@ -879,8 +1085,8 @@ static void configure(void) {
   g.pool_colls = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_COLLS", 4096, 4, 1u << 20), 4, 1u << 20);
   g.pool_flows = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_FLOWS", 8192, 4, 1u << 20), 4, 1u << 20);
   g.pool_kchs = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_KCHS", 2048, 4, 1u << 20), 4, 1u << 20);
-  g.mask = (int)env_u64("MYCROFT_NATIVE_EVENT_MASK",
-                        MC_EV_COLL | MC_EV_P2P | MC_EV_PROXY_OP | MC_EV_PROXY_STEP | MC_EV_KERNEL_CH, 0, 0xffff);
+  g.pool_pairs = pow2_at_least(env_u64("MYCROFT_NATIVE_POOL_PAIRS", 16384, 4, 1u << 20), 4, 1u << 20);
+  g.pair_grace_ns = env_u64("MYCROFT_NATIVE_CHAIN_GRACE_MS", 2000, 0, 3600000) * 1000000ull;
 }
 
 static void ctx_free(mc_ctx_t* c) {
@@ -888,8 +1094,61 @@ static void ctx_free(mc_ctx_t* c) {
   free(c->colls);
   free(c->flows);
   free(c->kchs);
+  free(c->pairs);
   free((void*)c->p2p_seq);
   free(c);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* core entry points                                                                      */
+/* ------------------------------------------------------------------------------------ */
+/* ------------------------------------------------------------------------------------ */
+/* chaining: a second profiler plugin beside Mycroft (NCCL loads only one, #1981)          */
+/* ------------------------------------------------------------------------------------ */
+/* Load MYCROFT_NCCL_PROFILER_CHAIN once (under g.lock): the highest table it exports that is
+ * not newer than the version NCCL calls Mycroft with (v7 and v6 descriptors are extensions of
+ * the older ones, so a newer descriptor is passed to an older plugin as is, minus the events
+ * and states that version does not know). Any failure only leaves the chain off. */
+static void chain_load(int version) {
+  if (chain.tried) return;
+  chain.tried = 1;
+  const char* path = getenv("MYCROFT_NCCL_PROFILER_CHAIN");
+  if (!path || !*path) return;
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    plog(MC_NCCL_LOG_WARN, "Mycroft profiler: cannot load chained plugin %s; running alone", path);
+    return;
+  }
+  for (int v = version; v >= 4; v--) {
+    char sym[32];
+    snprintf(sym, sizeof sym, "ncclProfiler_v%d", v);
+    void* t = dlsym(lib, sym);
+    if (!t) continue;
+    const char* name = *(const char* const*)t;
+    if (name && !strcmp(name, "Mycroft")) break; /* ourselves: never chain to Mycroft */
+    chain.version = v;
+    if (v == 4)
+      chain.t4 = (const mcNcclProfiler_v4_t*)t;
+    else
+      chain.t7 = (const mcNcclProfiler_v7_t*)t;
+    copy_fixed(chain.name, sizeof chain.name - 1, name ? name : "?");
+    chain.lib = lib;
+    return;
+  }
+  plog(MC_NCCL_LOG_WARN, "Mycroft profiler: %s exports no usable ncclProfiler_v4..v7; running alone", path);
+  dlclose(lib);
+}
+
+static inline uint32_t chain_bits(void) {
+  return chain.version >= 7 ? MC_EV_BITS_V7 : chain.version == 6 ? MC_EV_BITS_V6
+       : chain.version == 5 ? MC_EV_BITS_V5 : MC_EV_BITS_V4;
+}
+
+static inline int ctx_known(const mc_ctx_t* ctx) {
+  uint32_t n = atomic_load_explicit(&live_ctx_n, memory_order_acquire);
+  for (uint32_t i = 0; i < n; i++)
+    if (atomic_load_explicit(&live_ctx[i], memory_order_relaxed) == ctx) return 1;
+  return 0;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -903,12 +1162,21 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
   if (logfn && !g.log) g.log = logfn;
   if (!g.ring) {
     configure();
-    if (ring_open() != 0) {
+    int rc = ring_open();
+    if (rc < 0) {
       pthread_mutex_unlock(&g.lock);
-      plog(MC_NCCL_LOG_WARN, "Mycroft profiler: cannot create ring %s; plugin disabled", g.ring_path);
+      plog(MC_NCCL_LOG_WARN, "Mycroft profiler: cannot map any ring memory%s; plugin disabled", "");
       return mcNcclSystemError;
     }
+    if (rc == 1)
+      plog(MC_NCCL_LOG_WARN, "Mycroft profiler: no ring file could be created (%s); records stay in memory",
+           "ring dir and fallback dir");
   }
+  if (g.mask_version != version) {
+    g.mask = default_mask(version);
+    g.mask_version = version;
+  }
+  chain_load(version);
   mc_ctx_t* c = calloc(1, sizeof *c);
   if (c) {
     c->comm_hash = hash;
@@ -923,14 +1191,29 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
     c->colls = calloc(c->ncolls, sizeof *c->colls);
     c->flows = calloc(c->nflows, sizeof *c->flows);
     c->kchs = calloc(c->nkchs, sizeof *c->kchs);
+    if (chain.lib) {
+      c->npairs = g.pool_pairs;
+      c->pairs = calloc(c->npairs, sizeof *c->pairs);
+    }
+    c->overflow.type = T_OVF;
+    atomic_store_explicit(&c->overflow.state, S_ACTIVE, memory_order_relaxed);
     if (nranks > 0 && nranks < (1 << 24)) c->p2p_seq = calloc((size_t)nranks * 2, sizeof *c->p2p_seq);
   }
-  if (!c || !c->colls || !c->flows || !c->kchs) {
+  uint32_t slot = MC_MAX_CTX;
+  for (uint32_t i = 0; c && i < MC_MAX_CTX; i++)
+    if (!atomic_load_explicit(&live_ctx[i], memory_order_relaxed)) {
+      slot = i;
+      break;
+    }
+  if (!c || !c->colls || !c->flows || !c->kchs || (chain.lib && !c->pairs) || slot == MC_MAX_CTX) {
     ctx_free(c);
     pthread_mutex_unlock(&g.lock);
     plog(MC_NCCL_LOG_WARN, "Mycroft profiler: out of memory for %s; plugin disabled", name ? name : "comm");
     return mcNcclSystemError;
   }
+  atomic_store_explicit(&live_ctx[slot], c, memory_order_release);
+  if (slot + 1 > atomic_load_explicit(&live_ctx_n, memory_order_relaxed))
+    atomic_store_explicit(&live_ctx_n, slot + 1, memory_order_release);
   c->next = g.live;
   g.live = c;
   g.nlive++;
@@ -943,7 +1226,22 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
     if (pthread_create(&g.thread, NULL, publisher_main, (void*)(uintptr_t)gen) == 0) g.thread_running = 1;
   }
   pthread_mutex_unlock(&g.lock);
-  if (mask) *mask = g.mask;
+  int want = g.mask;
+  if (chain.lib) { /* the chained plugin's own context; its failure only leaves it out */
+    void* cc = NULL;
+    int their = 0;
+    mcNcclResult_t rc = chain.version == 4
+                            ? chain.t4->init(&cc, &their, name, hash, nnodes, nranks, rank, logfn)
+                            : chain.t7->init(&cc, hash, &their, name, nnodes, nranks, rank, logfn);
+    if (rc == mcNcclSuccess) {
+      c->chain_ctx = cc;
+      chain.mask = their; /* one NCCL, one mask: the last init's */
+      want |= their & (int)chain_bits();
+    } else {
+      plog(MC_NCCL_LOG_WARN, "Mycroft profiler: chained plugin %s failed to init; Mycroft continues", chain.name);
+    }
+  }
+  if (mask) *mask = want;
   *context = c;
   plog(MC_NCCL_LOG_INFO, "Mycroft profiler: ring %s", g.ring_path);
   return mcNcclSuccess;
@@ -954,12 +1252,17 @@ static mcNcclResult_t core_finalize(void* context) {
   if (!ctx) return mcNcclSuccess;
   pthread_t join = 0;
   int do_join = 0;
+  void* chain_ctx = NULL;
   pthread_mutex_lock(&g.lock);
   mc_ctx_t** pp = &g.live;
   while (*pp && *pp != ctx) pp = &(*pp)->next;
   if (*pp) {
     *pp = ctx->next;
     g.nlive--;
+    for (uint32_t i = 0; i < MC_MAX_CTX; i++)
+      if (atomic_load_explicit(&live_ctx[i], memory_order_relaxed) == ctx)
+        atomic_store_explicit(&live_ctx[i], NULL, memory_order_release);
+    chain_ctx = ctx->chain_ctx;
     uint64_t now = mono_ns();
     int64_t off = mono_to_real_offset();
     uint64_t now_real = (uint64_t)((int64_t)now + off);
@@ -981,6 +1284,12 @@ static mcNcclResult_t core_finalize(void* context) {
   }
   pthread_mutex_unlock(&g.lock);
   if (do_join) pthread_join(join, NULL);
+  if (chain_ctx) {
+    if (chain.version == 4)
+      chain.t4->finalize(chain_ctx);
+    else
+      chain.t7->finalize(chain_ctx);
+  }
   return mcNcclSuccess;
 }
 
@@ -992,72 +1301,182 @@ static mcNcclResult_t init_v4(void** context, int* mask, const char* name, uint6
   return core_init(context, mask, name, hash, nnodes, nranks, rank, logfn, 4);
 }
 
-static mcNcclResult_t init_v5(void** context, uint64_t commId, int* mask, const char* name, int nnodes, int nranks,
-                              int rank, mcNcclDebugLogger_t logfn) {
-  return core_init(context, mask, name, commId, nnodes, nranks, rank, logfn, 5);
+#define MC_INIT_V(N)                                                                                          \
+  static mcNcclResult_t init_v##N(void** context, uint64_t commId, int* mask, const char* name, int nnodes,  \
+                                  int nranks, int rank, mcNcclDebugLogger_t logfn) {                         \
+    return core_init(context, mask, name, commId, nnodes, nranks, rank, logfn, N);                           \
+  }
+MC_INIT_V(5)
+MC_INIT_V(6)
+MC_INIT_V(7)
+
+/* One start for every version. `u` points at the descriptor's union: the members Mycroft reads
+ * sit at the same offsets in v4..v7 (only `type` widens, v5; v7 appends fields), so each is
+ * read through the oldest layout that has it; the static assertions in nccl_profiler_abi.h
+ * pin that. Only fv >= 6 reads a CeColl, only fv == 7 the v7 fields. */
+static inline void* core_start(mc_ctx_t* ctx, int fv, uint64_t type, void* parentObj, int rank, const void* u) {
+  if (MC_UNLIKELY(!(type & (uint64_t)g.mask))) return NULL; /* enabled for the chained plugin only */
+  if (MC_LIKELY(type == MC_EV_PROXY_STEP)) return start_step(parentObj, ((const mcProxyStepDescr_t*)u)->step);
+  if (MC_UNLIKELY(!ctx_known(ctx))) { /* another rank's context (PXN, #1586): never dereferenced */
+    count_foreign_event();
+    return NULL;
+  }
+  switch (type) {
+    case MC_EV_PROXY_OP: {
+      const mcProxyOpDescr_t* o = (const mcProxyOpDescr_t*)u;
+      return start_flow(ctx, parentObj, rank, o->pid, o->channelId, o->peer, o->nSteps, o->chunkSize, o->isSend);
+    }
+    case MC_EV_KERNEL_CH: {
+      const mcKernelChDescr_t* k = (const mcKernelChDescr_t*)u;
+      return start_kch(ctx, parentObj, rank, k->channelId, k->pTimer);
+    }
+    case MC_EV_COLL: {
+      const mcCollDescr_v4_t* c = (const mcCollDescr_v4_t*)u;
+      uint16_t flags = 0;
+      uint64_t tag = 0;
+      const char* variant = NULL;
+      if (fv >= 7) {
+        const mcCollDescr_v7_t* c7 = (const mcCollDescr_v7_t*)u;
+        flags = c7->isSymColl ? MC_FLAG_SYM : 0;
+        tag = c7->userTag;
+        variant = c7->kernelVariant;
+      }
+      return start_parent(ctx, T_COLL, c->seqNumber, c->func, c->count, c->datatype, c->root, c->nChannels,
+                          c->nWarps, c->algo, c->proto, flags, tag, variant);
+    }
+    case MC_EV_P2P: {
+      const mcP2pDescr_v4_t* p = (const mcP2pDescr_v4_t*)u;
+      uint32_t seq = p2p_next_seq(ctx, p->peer, p->func);
+      return start_parent(ctx, T_P2P, seq == UINT32_MAX ? UINT64_MAX : seq, p->func, p->count, p->datatype, p->peer,
+                          p->nChannels, 0, NULL, NULL, 0, fv >= 7 ? ((const mcP2pDescr_v7_t*)u)->userTag : 0, NULL);
+    }
+    case MC_EV_CE_COLL: {
+      if (fv < 6) return NULL;
+      const mcCeCollDescr_v6_t* e = (const mcCeCollDescr_v6_t*)u;
+      return start_parent(ctx, T_COLL, e->seqNumber, e->func, e->count, e->datatype, e->root, 0, 0, "CE",
+                          e->syncStrategy, MC_FLAG_CE, fv >= 7 ? ((const mcCeCollDescr_v7_t*)u)->userTag : 0, NULL);
+    }
+    case MC_EV_KERNEL_PHASE: {
+      if (fv < 7) return NULL;
+      const mcKernelPhaseDescr_t* ph = (const mcKernelPhaseDescr_t*)u;
+      return start_phase(parentObj, ph->phaseId, ph->pTimer);
+    }
+    default: /* event types Mycroft does not keep: no handle */
+      return NULL;
+  }
 }
 
-static mcNcclResult_t init_v6(void** context, uint64_t commId, int* mask, const char* name, int nnodes, int nranks,
-                              int rank, mcNcclDebugLogger_t logfn) {
-  return core_init(context, mask, name, commId, nnodes, nranks, rank, logfn, 6);
+/* A parent handle as the chained plugin knows it: ours carry its handle at byte 8. */
+static inline void* chain_parent(mc_ctx_t* ctx, void* p) {
+  return (!p || p == (void*)&ctx->overflow) ? NULL : MC_CHAIN(p);
 }
 
-/* The descriptor members Mycroft reads sit at the same offsets in v4 and v5/v6 (only
- * the width of `type` differs), so one macro body serves both; the static assertions
- * in nccl_profiler_abi.h pin that. */
-#define MC_START_BODY(D)                                                                                       \
-  do {                                                                                                         \
-    if (!eHandle) return mcNcclSuccess;                                                                        \
-    *eHandle = NULL;                                                                                           \
-    mc_ctx_t* ctx = (mc_ctx_t*)context;                                                                        \
-    if (MC_UNLIKELY(!ctx || !(D))) return mcNcclSuccess;                                                       \
-    switch ((D)->type) {                                                                                       \
-      case MC_EV_PROXY_STEP:                                                                                   \
-        *eHandle = start_step((D)->parentObj, (D)->proxyStep.step);                                            \
-        break;                                                                                                 \
-      case MC_EV_PROXY_OP:                                                                                     \
-        *eHandle = start_flow(ctx, (D)->parentObj, (D)->rank, (D)->proxyOp.pid, (D)->proxyOp.channelId,        \
-                              (D)->proxyOp.peer, (D)->proxyOp.nSteps, (D)->proxyOp.chunkSize,                  \
-                              (D)->proxyOp.isSend);                                                            \
-        break;                                                                                                 \
-      case MC_EV_KERNEL_CH:                                                                                    \
-        *eHandle = start_kch(ctx, (D)->parentObj, (D)->rank, (D)->kernelCh.channelId, (D)->kernelCh.pTimer);   \
-        break;                                                                                                 \
-      case MC_EV_COLL:                                                                                         \
-        *eHandle = start_parent(ctx, T_COLL, (D)->rank, (D)->coll.seqNumber, (D)->coll.func, (D)->coll.count,  \
-                                (D)->coll.datatype, (D)->coll.root, (D)->coll.nChannels, (D)->coll.nWarps,     \
-                                (D)->coll.algo, (D)->coll.proto);                                              \
-        break;                                                                                                 \
-      case MC_EV_P2P: {                                                                                        \
-        uint32_t seq_ = p2p_next_seq(ctx, (D)->p2p.peer, (D)->p2p.func);                                       \
-        *eHandle = start_parent(ctx, T_P2P, (D)->rank, seq_ == UINT32_MAX ? UINT64_MAX : seq_, (D)->p2p.func,  \
-                                (D)->p2p.count, (D)->p2p.datatype, (D)->p2p.peer, (D)->p2p.nChannels, 0, NULL, \
-                                NULL);                                                                         \
-        break;                                                                                                 \
-      }                                                                                                        \
-      default: /* event types Mycroft does not enable: no handle */                                            \
-        break;                                                                                                 \
-    }                                                                                                          \
-    return mcNcclSuccess;                                                                                      \
-  } while (0)
-
-static mcNcclResult_t start_v4(void* context, void** eHandle, mcNcclProfilerEventDescr_v4_t* d) {
-  MC_START_BODY(d);
+/* Chained start: Mycroft's event first, then the chained plugin's with its own context and
+ * parent handles; the handle NCCL gets carries both (ours with theirs inside, or a pair slot
+ * when only theirs exists). Their failure never touches ours. */
+static void* chain_start(mc_ctx_t* ctx, int fv, const void* d, size_t dsize, uint64_t type, void* parentObj,
+                         int rank) {
+  const char* u = (const char*)d + 24;
+  void* ours = core_start(ctx, fv, type, parentObj, rank, u);
+  if (!(type & (uint64_t)chain.mask & chain_bits()) || !ctx_known(ctx) || !ctx->chain_ctx) return ours;
+  int own_slot = ours && ours != (void*)&ctx->overflow;
+  mc_pair_t* pair = NULL;
+  if (!own_slot) {
+    MC_POOL_ALLOC(ctx->pairs, ctx->npairs, ctx->pair_cursor, pair);
+    if (!pair) {
+      count_dropped_event();
+      return ours;
+    }
+    pair->type = T_PAIR;
+    pair->chain = NULL;
+  }
+  _Alignas(8) unsigned char buf[sizeof(mcNcclProfilerEventDescr_v7_t)];
+  memcpy(buf, d, dsize);
+  void* tparent = parentObj;
+  int pxn = type == MC_EV_PROXY_OP && ((const mcProxyOpDescr_t*)u)->pid != g.pid;
+  if (!pxn) tparent = chain_parent(ctx, parentObj); /* under PXN it is another process's: passed as is */
+  if (fv >= 5 && type == MC_EV_COLL) {
+    void** pg = (void**)(buf + 24 + offsetof(mcCollDescr_v5_t, parentGroup));
+    *pg = chain_parent(ctx, *pg);
+    if (chain.version == 4) tparent = *pg; /* v4: a Coll's parent is its Group (NCCL's v4 adapter) */
+  } else if (fv >= 5 && type == MC_EV_P2P) {
+    void** pg = (void**)(buf + 24 + offsetof(mcP2pDescr_v5_t, parentGroup));
+    *pg = chain_parent(ctx, *pg);
+    if (chain.version == 4) tparent = *pg;
+  }
+  memcpy(buf + 8, &tparent, sizeof tparent);
+  void* theirs = NULL;
+  if (chain.version == 4)
+    chain.t4->startEvent(ctx->chain_ctx, &theirs, (mcNcclProfilerEventDescr_v4_t*)buf);
+  else
+    chain.t7->startEvent(ctx->chain_ctx, &theirs, (mcNcclProfilerEventDescr_v7_t*)buf);
+  if (own_slot) {
+    MC_CHAIN(ours) = theirs;
+    return ours;
+  }
+  if (!theirs) {
+    atomic_store_explicit(&pair->state, S_FREE, memory_order_release);
+    return ours;
+  }
+  pair->chain = theirs;
+  atomic_store_explicit(&pair->state, S_ACTIVE, memory_order_release);
+  return pair;
 }
 
-static mcNcclResult_t start_v5(void* context, void** eHandle, mcNcclProfilerEventDescr_v5_t* d) {
-  MC_START_BODY(d);
+#define MC_START(NAME, DTYPE, FV, TYPE_EXPR)                                                           \
+  static mcNcclResult_t NAME(void* context, void** eHandle, DTYPE* d) {                                \
+    if (MC_UNLIKELY(!eHandle)) return mcNcclSuccess;                                                   \
+    *eHandle = NULL;                                                                                   \
+    mc_ctx_t* ctx = (mc_ctx_t*)context;                                                                \
+    if (MC_UNLIKELY(!ctx || !d)) return mcNcclSuccess;                                                 \
+    if (MC_LIKELY(!chain.lib))                                                                         \
+      *eHandle = core_start(ctx, FV, (uint64_t)(TYPE_EXPR), d->parentObj, d->rank, (const char*)d + 24); \
+    else                                                                                               \
+      *eHandle = chain_start(ctx, FV, d, sizeof *d, (uint64_t)(TYPE_EXPR), d->parentObj, d->rank);     \
+    return mcNcclSuccess;                                                                              \
+  }
+MC_START(start_v4, mcNcclProfilerEventDescr_v4_t, 4, d->type)
+MC_START(start_v5, mcNcclProfilerEventDescr_v5_t, 5, d->type)
+MC_START(start_v6, mcNcclProfilerEventDescr_v6_t, 6, d->type)
+MC_START(start_v7, mcNcclProfilerEventDescr_v7_t, 7, d->type)
+
+static mcNcclResult_t stop_any(void* eHandle) {
+  if (MC_LIKELY(!chain.lib)) return core_stop(eHandle);
+  if (!eHandle) return mcNcclSuccess;
+  void* theirs = MC_CHAIN(eHandle); /* read first: once stopped, our slot may be reused */
+  core_stop(eHandle);
+  if (theirs) {
+    if (chain.version == 4)
+      chain.t4->stopEvent(theirs);
+    else
+      chain.t7->stopEvent(theirs);
+  }
+  return mcNcclSuccess;
 }
 
 static mcNcclResult_t record_any(void* eHandle, mcNcclProfilerEventState_t s, mcNcclProfilerEventStateArgs_v4_t* a) {
-  return core_record(eHandle, s, a);
+  if (MC_LIKELY(!chain.lib)) return core_record(eHandle, s, a);
+  if (!eHandle) return mcNcclSuccess;
+  void* theirs = MC_CHAIN(eHandle);
+  core_record(eHandle, s, a);
+  if (!theirs) return mcNcclSuccess;
+  if ((chain.version < 6 && s >= MC_ST_CE_COLL_START && s <= MC_ST_CE_BATCH_COMPLETE) ||
+      (chain.version < 7 && s == MC_ST_KERNEL_PHASE_STOP))
+    return mcNcclSuccess; /* states that version does not know (NCCL's own adapters drop them) */
+  if (chain.version == 4)
+    chain.t4->recordEventState(theirs, s, a);
+  else
+    chain.t7->recordEventState(theirs, s, a);
+  return mcNcclSuccess;
 }
 
-MC_EXPORT const mcNcclProfiler_v4_t ncclProfiler_v4 = {"Mycroft", init_v4, start_v4, core_stop, record_any,
+MC_EXPORT const mcNcclProfiler_v4_t ncclProfiler_v4 = {"Mycroft", init_v4, start_v4, stop_any, record_any,
                                                        core_finalize};
-MC_EXPORT const mcNcclProfiler_v5_t ncclProfiler_v5 = {"Mycroft", init_v5, start_v5, core_stop, record_any,
+MC_EXPORT const mcNcclProfiler_v5_t ncclProfiler_v5 = {"Mycroft", init_v5, start_v5, stop_any, record_any,
                                                        core_finalize};
-MC_EXPORT const mcNcclProfiler_v6_t ncclProfiler_v6 = {"Mycroft", init_v6, start_v5, core_stop, record_any,
+MC_EXPORT const mcNcclProfiler_v6_t ncclProfiler_v6 = {"Mycroft", init_v6, start_v6, stop_any, record_any,
+                                                       core_finalize};
+MC_EXPORT const mcNcclProfiler_v7_t ncclProfiler_v7 = {"Mycroft", init_v7, start_v7, stop_any, record_any,
                                                        core_finalize};
 
 /* ------------------------------------------------------------------------------------ */

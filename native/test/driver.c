@@ -1,6 +1,6 @@
 /*
  * Test driver for the Mycroft NCCL profiler plugin: dlopens the built library, looks
- * up the exported ncclProfiler_v4 / _v5 / _v6 tables and drives them exactly the way
+ * up the exported ncclProfiler_v4 .. _v7 tables and drives them exactly the way
  * NCCL does (NCCL is not needed, nor a GPU).
  *
  *   driver replay LIB VERSION SCRIPT   replay an emulated NCCL call sequence (see below)
@@ -17,6 +17,13 @@
  *   op   H C PARENT CH PEER NSTEPS CHUNK ISSEND [PID|other]   (PARENT: handle, '-' NULL, 'foreign')
  *   step H C PARENT STEP
  *   kch  H C PARENT CH PTIMER
+ *   collx H C SEQ FUNC COUNT DTYPE NCH ALGO PROTO TAG SYM VARIANT|-      (v7 Coll)
+ *   p2px H C FUNC PEER COUNT DTYPE NCH TAG                              (v7 P2p)
+ *   ce   H C SEQ FUNC COUNT DTYPE SYNC TAG                              (v6+ CeColl)
+ *   phase H C PARENT ID PTIMER                                          (v7 KernelPhase)
+ *   event H C TYPEBITS PARENT          any other event type, empty union (Group, CollApi, CeSync ...)
+ *   badctx H                           a Coll and a ProxyOp under a context that is not the plugin's
+ *   expect_mask C HEX                  the activation mask init returned
  *   rec  H STATE [ARG]
  *   stop H
  *   fin  C
@@ -44,7 +51,7 @@
 typedef struct {
   int version;
   const mcNcclProfiler_v4_t* t4;
-  const mcNcclProfiler_v5_t* t5; /* v5 and v6 share the table layout */
+  const mcNcclProfiler_v7_t* t5; /* v5, v6 and v7 share the table layout (v7 descriptors are a superset) */
   uint64_t (*flush)(void);
   const char* (*ring_path)(void);
 } prof_t;
@@ -87,13 +94,26 @@ static prof_t load(const char* lib, int version) {
   if (version == 4)
     p.t4 = (const mcNcclProfiler_v4_t*)t;
   else
-    p.t5 = (const mcNcclProfiler_v5_t*)t;
+    p.t5 = (const mcNcclProfiler_v7_t*)t;
   const char* name = version == 4 ? p.t4->name : p.t5->name;
   if (!name || strcmp(name, "Mycroft") != 0) die("%s.name is not Mycroft", sym);
   *(void**)&p.flush = dlsym(h, "mycroft_native_flush");
   *(void**)&p.ring_path = dlsym(h, "mycroft_native_ring_path");
   if (!p.flush || !p.ring_path) die("mycroft extras not exported");
   return p;
+}
+
+/* NCCL keeps the mask init wrote and starts only events it enables; so does the driver */
+#define MAX_MASKS 256
+static struct {
+  void* ctx;
+  int mask;
+} masks[MAX_MASKS];
+
+static int mask_of(void* ctx) {
+  for (int i = 0; i < MAX_MASKS; i++)
+    if (masks[i].ctx == ctx) return masks[i].mask;
+  return -1; /* a context the plugin never gave: NCCL would not have one; pass everything */
 }
 
 static void* p_init(prof_t* p, uint64_t hash, int rank, int nranks, int nnodes, const char* name, int* mask) {
@@ -103,12 +123,19 @@ static void* p_init(prof_t* p, uint64_t hash, int rank, int nranks, int nnodes, 
   else
     check(p->t5->init(&ctx, hash, mask, name, nnodes, nranks, rank, logger), "init");
   if (!ctx) die("init gave no context");
+  for (int i = 0; i < MAX_MASKS; i++)
+    if (!masks[i].ctx) {
+      masks[i].ctx = ctx;
+      masks[i].mask = *mask;
+      break;
+    }
   return ctx;
 }
 
 /* Start from a v5 descriptor; for v4 translate it into the v4 layout NCCL 2.27 passes. */
-static void* p_start(prof_t* p, void* ctx, mcNcclProfilerEventDescr_v5_t* d) {
+static void* p_start(prof_t* p, void* ctx, mcNcclProfilerEventDescr_v7_t* d) {
   void* h = (void*)0x1; /* must be overwritten */
+  if (!(d->type & (uint64_t)(unsigned)mask_of(ctx))) return NULL; /* not enabled: NCCL does not call */
   if (p->version == 4) {
     mcNcclProfilerEventDescr_v4_t d4;
     memset(&d4, 0xa5, sizeof d4); /* poison: the plugin must read only what NCCL sets */
@@ -169,12 +196,14 @@ static inline mcNcclResult_t p_rec(prof_t* p, void* h, int st, uint64_t arg) {
 
 static void p_fin(prof_t* p, void* ctx) {
   check(p->version == 4 ? p->t4->finalize(ctx) : p->t5->finalize(ctx), "finalize");
+  for (int i = 0; i < MAX_MASKS; i++)
+    if (masks[i].ctx == ctx) masks[i].ctx = NULL;
 }
 
 /* descriptor builders */
-static mcNcclProfilerEventDescr_v5_t d_coll(void* parent, int rank, uint64_t seq, const char* func, size_t count,
+static mcNcclProfilerEventDescr_v7_t d_coll(void* parent, int rank, uint64_t seq, const char* func, size_t count,
                                              const char* dtype, int nch, const char* algo, const char* proto) {
-  mcNcclProfilerEventDescr_v5_t d;
+  mcNcclProfilerEventDescr_v7_t d;
   memset(&d, 0, sizeof d);
   d.type = MC_EV_COLL;
   d.parentObj = parent;
@@ -190,9 +219,9 @@ static mcNcclProfilerEventDescr_v5_t d_coll(void* parent, int rank, uint64_t seq
   return d;
 }
 
-static mcNcclProfilerEventDescr_v5_t d_op(void* parent, int rank, pid_t pid, int ch, int peer, int nsteps, int chunk,
+static mcNcclProfilerEventDescr_v7_t d_op(void* parent, int rank, pid_t pid, int ch, int peer, int nsteps, int chunk,
                                            int is_send) {
-  mcNcclProfilerEventDescr_v5_t d;
+  mcNcclProfilerEventDescr_v7_t d;
   memset(&d, 0, sizeof d);
   d.type = MC_EV_PROXY_OP;
   d.parentObj = parent;
@@ -206,8 +235,8 @@ static mcNcclProfilerEventDescr_v5_t d_op(void* parent, int rank, pid_t pid, int
   return d;
 }
 
-static mcNcclProfilerEventDescr_v5_t d_step(void* parent, int rank, int step) {
-  mcNcclProfilerEventDescr_v5_t d;
+static mcNcclProfilerEventDescr_v7_t d_step(void* parent, int rank, int step) {
+  mcNcclProfilerEventDescr_v7_t d;
   memset(&d, 0, sizeof d);
   d.type = MC_EV_PROXY_STEP;
   d.parentObj = parent;
@@ -216,8 +245,8 @@ static mcNcclProfilerEventDescr_v5_t d_step(void* parent, int rank, int step) {
   return d;
 }
 
-static mcNcclProfilerEventDescr_v5_t d_kch(void* parent, int rank, int ch, uint64_t ptimer) {
-  mcNcclProfilerEventDescr_v5_t d;
+static mcNcclProfilerEventDescr_v7_t d_kch(void* parent, int rank, int ch, uint64_t ptimer) {
+  mcNcclProfilerEventDescr_v7_t d;
   memset(&d, 0, sizeof d);
   d.type = MC_EV_KERNEL_CH;
   d.parentObj = parent;
@@ -292,19 +321,81 @@ static int cmd_replay(const char* lib, int version, const char* script) {
       int mask = 0;
       ctx_rank[c] = atoi(tok[3]);
       ctxs[c] = p_init(&p, strtoull(tok[2], NULL, 16), ctx_rank[c], atoi(tok[4]), atoi(tok[5]), tok[6], &mask);
-      int want = MC_EV_COLL | MC_EV_P2P | MC_EV_PROXY_OP | MC_EV_PROXY_STEP | MC_EV_KERNEL_CH;
-      if ((mask & want) != want) die("activation mask 0x%x lacks 0x%x", mask, want);
+      int want = MC_EV_COLL | MC_EV_P2P | MC_EV_PROXY_OP | MC_EV_PROXY_STEP;
+      if ((mask & want) != want && !getenv("MYCROFT_NATIVE_EVENT_MASK"))
+        die("activation mask 0x%x lacks 0x%x", mask, want);
+    } else if (!strcmp(op, "expect_mask")) { /* expect_mask C HEX: the mask init gave NCCL */
+      NEED(3);
+      int got = mask_of(ctxs[cid(tok[1])]);
+      if (got != (int)strtol(tok[2], NULL, 16)) die("line %d: mask 0x%x, expected %s", lineno, got, tok[2]);
+    } else if (!strcmp(op, "collx")) { /* v7: collx H C SEQ FUNC COUNT DTYPE NCH ALGO PROTO TAG SYM VARIANT|- */
+      NEED(13);
+      int c = cid(tok[2]);
+      mcNcclProfilerEventDescr_v7_t d = d_coll(NULL, ctx_rank[c], strtoull(tok[3], NULL, 10), keep(tok[4]),
+                                               strtoull(tok[5], NULL, 10), keep(tok[6]), atoi(tok[7]), keep(tok[8]),
+                                               keep(tok[9]));
+      d.coll.userTag = strtoull(tok[10], NULL, 0);
+      d.coll.isSymColl = atoi(tok[11]) != 0;
+      d.coll.kernelVariant = strcmp(tok[12], "-") ? keep(tok[12]) : NULL;
+      handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
+    } else if (!strcmp(op, "ce")) { /* ce H C SEQ FUNC COUNT DTYPE SYNC TAG: a copy-engine collective */
+      NEED(9);
+      int c = cid(tok[2]);
+      mcNcclProfilerEventDescr_v7_t d;
+      memset(&d, 0, sizeof d);
+      d.type = MC_EV_CE_COLL;
+      d.rank = ctx_rank[c];
+      d.ceColl.v6.seqNumber = strtoull(tok[3], NULL, 10);
+      d.ceColl.v6.func = keep(tok[4]);
+      d.ceColl.v6.count = strtoull(tok[5], NULL, 10);
+      d.ceColl.v6.datatype = keep(tok[6]);
+      d.ceColl.v6.syncStrategy = keep(tok[7]);
+      d.ceColl.v6.ceSeqNum = (uint32_t)d.ceColl.v6.seqNumber;
+      d.ceColl.userTag = strtoull(tok[8], NULL, 0);
+      handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
+    } else if (!strcmp(op, "phase")) { /* phase H C PARENT ID PTIMER: a v7 kernel phase */
+      NEED(6);
+      static const char* const names[] = {"initial_sync", "compute", "final_sync"};
+      int c = cid(tok[2]);
+      mcNcclProfilerEventDescr_v7_t d;
+      memset(&d, 0, sizeof d);
+      d.type = MC_EV_KERNEL_PHASE;
+      d.parentObj = parent_of(tok[3]);
+      d.rank = ctx_rank[c];
+      d.kernelPhase.channelId = 0;
+      d.kernelPhase.phaseId = (uint8_t)atoi(tok[4]);
+      d.kernelPhase.phaseName = names[d.kernelPhase.phaseId % 3];
+      d.kernelPhase.pTimer = strtoull(tok[5], NULL, 10);
+      handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
+    } else if (!strcmp(op, "event")) { /* event H C TYPEBITS PARENT: any other event (API, Group, CeSync) */
+      NEED(5);
+      int c = cid(tok[2]);
+      mcNcclProfilerEventDescr_v7_t d;
+      memset(&d, 0, sizeof d);
+      d.type = strtoull(tok[3], NULL, 0);
+      d.parentObj = parent_of(tok[4]);
+      d.rank = ctx_rank[c];
+      handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
+    } else if (!strcmp(op, "badctx")) { /* badctx H: a Coll / ProxyOp under a context that is not ours (#1586) */
+      NEED(2);
+      static unsigned char alien[4096];
+      memset(alien, 0x5a, sizeof alien);
+      mcNcclProfilerEventDescr_v7_t d = d_coll(NULL, 0, 7, "AllReduce", 8, "ncclFloat32", 1, "RING", "LL");
+      handles[hid(tok[1])] = p_start(&p, alien, &d);
+      mcNcclProfilerEventDescr_v7_t dop = d_op(NULL, 0, getpid(), 0, 1, 1, 8, 1);
+      void* h2 = p_start(&p, alien, &dop);
+      if (h2) die("line %d: a foreign context got a flow handle", lineno);
     } else if (!strcmp(op, "coll")) {
       NEED(10);
       int c = cid(tok[2]);
-      mcNcclProfilerEventDescr_v5_t d = d_coll(NULL, ctx_rank[c], strtoull(tok[3], NULL, 10), keep(tok[4]),
+      mcNcclProfilerEventDescr_v7_t d = d_coll(NULL, ctx_rank[c], strtoull(tok[3], NULL, 10), keep(tok[4]),
                                                strtoull(tok[5], NULL, 10), keep(tok[6]), atoi(tok[7]), keep(tok[8]),
                                                keep(tok[9]));
       handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
-    } else if (!strcmp(op, "p2p")) {
-      NEED(8);
+    } else if (!strcmp(op, "p2p") || !strcmp(op, "p2px")) {
+      NEED(op[3] == 'x' ? 9 : 8);
       int c = cid(tok[2]);
-      mcNcclProfilerEventDescr_v5_t d;
+      mcNcclProfilerEventDescr_v7_t d;
       memset(&d, 0, sizeof d);
       d.type = MC_EV_P2P;
       d.rank = ctx_rank[c];
@@ -313,24 +404,25 @@ static int cmd_replay(const char* lib, int version, const char* script) {
       d.p2p.count = strtoull(tok[5], NULL, 10);
       d.p2p.datatype = keep(tok[6]);
       d.p2p.nChannels = (uint8_t)atoi(tok[7]);
+      if (op[3] == 'x') d.p2p.userTag = strtoull(tok[8], NULL, 0);
       handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
     } else if (!strcmp(op, "op")) {
       NEED(9);
       int c = cid(tok[2]);
       pid_t pid = getpid();
       if (n > 9) pid = strcmp(tok[9], "other") ? (pid_t)atoi(tok[9]) : getpid() + 100000;
-      mcNcclProfilerEventDescr_v5_t d = d_op(parent_of(tok[3]), ctx_rank[c], pid, atoi(tok[4]), atoi(tok[5]),
+      mcNcclProfilerEventDescr_v7_t d = d_op(parent_of(tok[3]), ctx_rank[c], pid, atoi(tok[4]), atoi(tok[5]),
                                              atoi(tok[6]), atoi(tok[7]), atoi(tok[8]));
       handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
     } else if (!strcmp(op, "step")) {
       NEED(5);
       int c = cid(tok[2]);
-      mcNcclProfilerEventDescr_v5_t d = d_step(parent_of(tok[3]), ctx_rank[c], atoi(tok[4]));
+      mcNcclProfilerEventDescr_v7_t d = d_step(parent_of(tok[3]), ctx_rank[c], atoi(tok[4]));
       handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
     } else if (!strcmp(op, "kch")) {
       NEED(6);
       int c = cid(tok[2]);
-      mcNcclProfilerEventDescr_v5_t d = d_kch(parent_of(tok[3]), ctx_rank[c], atoi(tok[4]), strtoull(tok[5], NULL, 10));
+      mcNcclProfilerEventDescr_v7_t d = d_kch(parent_of(tok[3]), ctx_rank[c], atoi(tok[4]), strtoull(tok[5], NULL, 10));
       handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
     } else if (!strcmp(op, "rec")) {
       NEED(3);
@@ -440,14 +532,14 @@ static void ring_allreduce_children(prof_t* p, comm_t* c, void* coll, int iter) 
   void* ops[128];
   int nops = 0;
   for (int ch = 0; ch < c->nch; ch++) {
-    mcNcclProfilerEventDescr_v5_t dk = d_kch(coll, c->rank, ch, (uint64_t)iter * 1000u);
+    mcNcclProfilerEventDescr_v7_t dk = d_kch(coll, c->rank, ch, (uint64_t)iter * 1000u);
     kch[ch] = p_start(p, c->ctx, &dk);
     c->kch_started++;
     for (int s = 0; s < 2; s++) {
       int peer = s ? (c->rank + 1) % c->nranks : (c->rank + c->nranks - 1) % c->nranks;
       /* every 16th collective has a PXN flow: the parentObj must not be touched */
       int pxn = (iter % 16 == 0 && ch == 0 && s == 0);
-      mcNcclProfilerEventDescr_v5_t d =
+      mcNcclProfilerEventDescr_v7_t d =
           d_op(pxn ? (void*)FOREIGN : coll, c->rank, pxn ? getpid() + 1 : getpid(), ch, peer, c->nsteps, 1 << 17, s);
       void* op = p_start(p, c->ctx, &d);
       if (!op) c->null_handles++;
@@ -457,7 +549,7 @@ static void ring_allreduce_children(prof_t* p, comm_t* c, void* coll, int iter) 
   }
   for (int step = 0; step < c->nsteps; step++) {
     for (int i = 0; i < nops; i++) {
-      mcNcclProfilerEventDescr_v5_t d = d_step(ops[i], c->rank, step);
+      mcNcclProfilerEventDescr_v7_t d = d_step(ops[i], c->rank, step);
       void* sh = p_start(p, c->ctx, &d);
       if (i & 1) {
         check(p_rec(p, sh, MC_ST_STEP_SEND_GPU_WAIT, 0), "rec");
@@ -527,7 +619,7 @@ static int cmd_stress(const char* lib, int ncolls) {
   for (int k = 0; k < ncolls; k++) {
     for (int i = 0; i < NCOMM; i++) {
       comm_t* c = &comms[i];
-      mcNcclProfilerEventDescr_v5_t d = d_coll(NULL, c->rank, (uint64_t)k, "AllReduce", 1u << 20, "ncclFloat32",
+      mcNcclProfilerEventDescr_v7_t d = d_coll(NULL, c->rank, (uint64_t)k, "AllReduce", 1u << 20, "ncclFloat32",
                                                c->nch, "RING", "SIMPLE");
       void* h = p_start(&p, c->ctx, &d);
       while (atomic_load_explicit(&c->qhead, memory_order_relaxed) - atomic_load_explicit(&c->qtail, memory_order_acquire) >=
@@ -546,12 +638,12 @@ static int cmd_stress(const char* lib, int ncolls) {
     pthread_join(th[i], NULL);
   }
   /* leave one collective open on comm 0 and finalize it anyway */
-  mcNcclProfilerEventDescr_v5_t d = d_coll(NULL, 0, (uint64_t)ncolls, "AllReduce", 1024, "ncclFloat32", 1, "RING",
+  mcNcclProfilerEventDescr_v7_t d = d_coll(NULL, 0, (uint64_t)ncolls, "AllReduce", 1024, "ncclFloat32", 1, "RING",
                                            "LL");
   void* open_coll = p_start(&p, comms[0].ctx, &d);
-  mcNcclProfilerEventDescr_v5_t dop = d_op(open_coll, 0, getpid(), 0, 1, 4, 4096, 1);
+  mcNcclProfilerEventDescr_v7_t dop = d_op(open_coll, 0, getpid(), 0, 1, 4, 4096, 1);
   void* open_op = p_start(&p, comms[0].ctx, &dop);
-  mcNcclProfilerEventDescr_v5_t ds = d_step(open_op, 0, 0);
+  mcNcclProfilerEventDescr_v7_t ds = d_step(open_op, 0, 0);
   void* open_step = p_start(&p, comms[0].ctx, &ds);
   check(p_rec(&p, open_step, MC_ST_STEP_SEND_GPU_WAIT, 0), "rec");
   struct timespec ts = {0, 50 * 1000000L};
@@ -609,15 +701,15 @@ static int cmd_bench(const char* lib) {
   void* ctx = p_init(&p, 0xbe4c4, 0, 2, 1, "bench", &mask);
   enum { BATCH = 1000, NB = 400 };
   double per[NB];
-  const mcNcclProfiler_v5_t* t = p.t5;
+  const mcNcclProfiler_v7_t* t = p.t5;
 
   /* ProxyStep: the event NCCL issues most (one per step per flow) */
-  mcNcclProfilerEventDescr_v5_t dc = d_coll(NULL, 0, 0, "AllReduce", 1 << 20, "ncclFloat32", 1, "RING", "SIMPLE");
+  mcNcclProfilerEventDescr_v7_t dc = d_coll(NULL, 0, 0, "AllReduce", 1 << 20, "ncclFloat32", 1, "RING", "SIMPLE");
   void* coll = p_start(&p, ctx, &dc);
-  mcNcclProfilerEventDescr_v5_t dop = d_op(coll, 0, getpid(), 0, 1, 1 << 30, 1 << 17, 1);
+  mcNcclProfilerEventDescr_v7_t dop = d_op(coll, 0, getpid(), 0, 1, 1 << 30, 1 << 17, 1);
   void* op = p_start(&p, ctx, &dop);
-  mcNcclProfilerEventDescr_v5_t ds = d_step(op, 0, 0);
-  mcNcclProfilerEventStateArgs_v5_t a = {.proxyStep = {1 << 17}};
+  mcNcclProfilerEventDescr_v7_t ds = d_step(op, 0, 0);
+  mcNcclProfilerEventStateArgs_v7_t a = {.proxyStep = {1 << 17}};
   int step = 0;
   for (int b = 0; b < NB; b++) {
     uint64_t t0 = now_ns();
@@ -696,7 +788,7 @@ static int cmd_flood(const char* lib, double seconds, int internal) {
   uint64_t t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), colls = 0;
   while (now_ns() < end) {
     for (int k = 0; k < 64; k++) {
-      mcNcclProfilerEventDescr_v5_t d =
+      mcNcclProfilerEventDescr_v7_t d =
           d_coll(NULL, 0, colls, "AllReduce", 1 << 22, "ncclFloat32", c.nch, "RING", "SIMPLE");
       void* h = p_start(&p, c.ctx, &d);
       ring_allreduce_children(&p, &c, h, (int)colls + 1);
@@ -781,14 +873,14 @@ static int cmd_calls(const char* lib, int n, const char* kind) {
   prof_t p = load(lib, 6);
   int mask;
   void* ctx = p_init(&p, 0xca11, 0, 2, 1, "calls", &mask);
-  const mcNcclProfiler_v5_t* t = p.t5;
-  mcNcclProfilerEventDescr_v5_t dc = d_coll(NULL, 0, 0, "AllReduce", 1 << 20, "ncclFloat32", 1, "RING", "SIMPLE");
+  const mcNcclProfiler_v7_t* t = p.t5;
+  mcNcclProfilerEventDescr_v7_t dc = d_coll(NULL, 0, 0, "AllReduce", 1 << 20, "ncclFloat32", 1, "RING", "SIMPLE");
   void* coll = p_start(&p, ctx, &dc);
-  mcNcclProfilerEventDescr_v5_t dop = d_op(coll, 0, getpid(), 0, 1, 1 << 30, 1 << 17, 1);
+  mcNcclProfilerEventDescr_v7_t dop = d_op(coll, 0, getpid(), 0, 1, 1 << 30, 1 << 17, 1);
   if (do_step) {
     void* op = p_start(&p, ctx, &dop);
-    mcNcclProfilerEventDescr_v5_t ds = d_step(op, 0, 0);
-    mcNcclProfilerEventStateArgs_v5_t a = {.proxyStep = {1 << 17}};
+    mcNcclProfilerEventDescr_v7_t ds = d_step(op, 0, 0);
+    mcNcclProfilerEventStateArgs_v7_t a = {.proxyStep = {1 << 17}};
     for (int i = 0; i < n; i++) {
       void* h;
       ds.proxyStep.step = i;
@@ -824,7 +916,7 @@ int main(int argc, char** argv) {
   if (argc >= 5 && !strcmp(argv[1], "replay")) {
     const char* v = argv[3];
     int version = atoi(v[0] == 'v' ? v + 1 : v);
-    if (version < 4 || version > 6) die("version must be v4, v5 or v6");
+    if (version < 4 || version > 7) die("version must be v4, v5, v6 or v7");
     return cmd_replay(argv[2], version, argv[4]);
   }
   if (argc >= 4 && !strcmp(argv[1], "stress")) return cmd_stress(argv[2], atoi(argv[3]));
@@ -833,7 +925,7 @@ int main(int argc, char** argv) {
   if (argc >= 4 && !strcmp(argv[1], "clock")) return cmd_clock(argv[2], atof(argv[3]));
   if (argc >= 4 && !strcmp(argv[1], "calls")) return cmd_calls(argv[2], atoi(argv[3]), argc >= 5 ? argv[4] : "both");
   fprintf(stderr,
-          "usage: driver replay LIB v4|v5|v6 SCRIPT | stress LIB N | bench LIB | flood LIB SECONDS internal|external"
+          "usage: driver replay LIB v4|v5|v6|v7 SCRIPT | stress LIB N | bench LIB | flood LIB SECONDS internal|external"
           " | clock LIB SECONDS | calls LIB N [op|coll|step]\n");
   return 2;
 }

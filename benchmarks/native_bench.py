@@ -5,6 +5,8 @@
 Reports
 - the median cost of a start/record/stop triple through the ncclProfiler_v6 table, for
   ProxyStep (the event NCCL issues per step per flow: the hot one), ProxyOp and Coll;
+  the same with a second plugin chained (MYCROFT_NCCL_PROFILER_CHAIN = the test's counting
+  plugin, native/test/chained.c: an atomic count and a handle per event), and the difference;
   with valgrind installed, the same triples in instructions (callgrind over the table's
   start/record/stop functions: deterministic, unlike wall time on a shared machine);
 - the hot-path clock (raw counter ticks, converted by the publisher) against
@@ -61,7 +63,8 @@ def callgrind_instructions(env: dict[str, str], lib: Path | None = None, n: int 
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("step", "op", "coll"):
             proc = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
-                                   "--collect-atstart=no", "--toggle-collect=start_v5", "--toggle-collect=core_stop",
+                                   "--collect-atstart=no", "--toggle-collect=start_v5", "--toggle-collect=start_v6",
+                                   "--toggle-collect=core_stop", "--toggle-collect=stop_any",
                                    "--toggle-collect=record_any", str(DRIVER), "calls", str(lib), str(n), kind],
                                   env=env, capture_output=True, text=True, check=True)
             collected = re.search(r"Collected : ([0-9]+)", proc.stderr)
@@ -144,13 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-rev", default=None,
                         help="git revision whose plugin is measured beside this one (e.g. the commit before a change)")
     args = parser.parse_args(argv)
-    subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), "all", "driver"], check=True)
+    subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), "all", "driver", "chain"], check=True)
     with tempfile.TemporaryDirectory() as ring_dir:
         env = {**os.environ, "MYCROFT_NATIVE_RING_DIR": ring_dir}
         big = {**env, "MYCROFT_NATIVE_POOL_COLLS": "65536", "MYCROFT_NATIVE_POOL_FLOWS": "262144",
                "MYCROFT_NATIVE_POOL_KCHS": "131072", "MYCROFT_NATIVE_RING_RECORDS": "1048576"}
+        alone = hot_path(env)
+        chained = hot_path({**env, "MYCROFT_NCCL_PROFILER_CHAIN": str(BUILD_DIR / "libchain_counter.so")})
         result: dict[str, Any] = {
-            "hot_path_median_ns": hot_path(env),
+            "hot_path_median_ns": alone,
+            "hot_path_median_ns_chained": chained,
+            "chaining_added_ns": {key: round(chained[key] - alone[key], 1) for key in alone},
             "hot_path_instructions": callgrind_instructions(env),
             "clock": clock_check(env),
             "flood_c_reader_default_pools": flood_c_reader(args.seconds, env),

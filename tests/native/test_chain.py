@@ -1,0 +1,165 @@
+"""MYCROFT_NCCL_PROFILER_CHAIN: a second plugin (here a counting one, exporting v6 and v7) gets every
+call the emulated NCCL makes, with its own context, handles and parents, while Mycroft records as
+before; its failure never disables Mycroft."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from mycroft.instrumentation.native_reader import NativeReader
+from mycroft.native import BUILD_DIR
+
+from mycroft import schema
+
+from .conftest import make
+from .test_edges import _pid_of, _replay
+
+JOB = "job-chain"
+COUNTER = BUILD_DIR / "libchain_counter.so"
+COUNTER_V6 = BUILD_DIR / "libchain_counter_v6.so"
+
+# API and group events only the chained plugin keeps, a collective with a kernel channel and a
+# phase, a flow with steps, a PXN flow (foreign parent), a CE collective with a CeSync child, and
+# a Coll / ProxyOp under a context that is not Mycroft's (dropped for both).
+SCRIPT = """
+init 0 aaaa 0 2 1 chained
+event 1 0 0x100 -
+event 2 0 0x200 1
+stop 2
+event 3 0 0x1 -
+collx 4 0 0 AllReduce 1024 ncclFloat32 2 RING SIMPLE 5 0 -
+kch 5 0 4 0 100
+phase 6 0 5 1 100
+rec 6 31 150
+stop 6
+op 7 0 4 0 1 2 4096 1
+step 8 0 7 0
+rec 8 8
+rec 8 20
+rec 8 9 4096
+stop 8
+step 9 0 7 1
+rec 9 9 4096
+stop 9
+stop 7
+op 10 0 foreign 0 1 1 4096 1 other
+step 14 0 10 0
+rec 14 9 4096
+stop 14
+stop 10
+rec 5 22 200
+stop 5
+stop 4
+stop 3
+stop 1
+p2px 15 0 Send 1 64 ncclInt8 1 9
+kch 16 0 15 1 300
+rec 16 22 400
+stop 16
+stop 15
+ce 11 0 1 AllGather 64 ncclInt8 UC 0
+event 12 0 0x2000 11
+stop 12
+event 17 0 0x4000 11
+stop 17
+stop 11
+badctx 13
+sleep 30
+flush
+fin 0
+"""
+
+TYPE_OF = {"coll": 0x2, "collx": 0x2, "p2p": 0x4, "p2px": 0x4, "op": 0x8, "step": 0x10, "kch": 0x40,
+           "phase": 0x8000, "ce": 0x1000}
+BITS = {"v4": 0xFF, "v5": 0xFFF, "v6": 0x7FFF, "v7": 0xFFFF}
+
+
+def expected(script: str, bits: int) -> dict[str, dict[str, int]]:
+    """What the chained plugin must receive: every start, stop and record the emulated NCCL made
+    for an event type both NCCL's version and the plugin's version know."""
+    types: dict[str, int] = {}
+    starts: Counter[int] = Counter()
+    stops: Counter[int] = Counter()
+    records: Counter[int] = Counter()
+    for line in script.splitlines():
+        tok = line.split()
+        if not tok:
+            continue
+        if tok[0] in TYPE_OF or tok[0] == "event":
+            kind = int(tok[3], 0) if tok[0] == "event" else TYPE_OF[tok[0]]
+            if kind & bits:
+                types[tok[1]] = kind
+                starts[kind] += 1
+        elif tok[0] == "stop" and tok[1] in types:
+            stops[types[tok[1]]] += 1
+        elif tok[0] == "rec" and tok[1] in types:
+            records[int(tok[2])] += 1
+    return {name: {str(k): v for k, v in sorted(c.items())}
+            for name, c in (("starts", starts), ("stops", stops), ("records", records))}
+
+
+@pytest.fixture(scope="module")
+def counters(built: Path) -> tuple[Path, Path]:
+    make("chain")
+    return COUNTER, COUNTER_V6
+
+
+def _run(tmp_path: Path, ring_dir: Path, version: str, chained: Path | str, extra: dict[str, str] | None = None,
+         script: str = SCRIPT) -> tuple[dict, list]:
+    out = tmp_path / f"counts-{version}-{len(list(tmp_path.glob('counts-*')))}.json"
+    env = {"MYCROFT_NCCL_PROFILER_CHAIN": str(chained), "CHAIN_COUNTER_OUT": str(out),
+           "MYCROFT_NATIVE_KERNEL_PHASES": "1", **(extra or {})}
+    pid = _pid_of(_replay(script, tmp_path, version, env=env), ring_dir)
+    reader = NativeReader.open_for_pid(pid, JOB, 0, ring_dir=ring_dir)
+    assert reader is not None
+    spans = reader.drain()
+    reader.close()
+    counts = json.loads(out.read_text()) if out.exists() and out.read_text() else {}
+    out.write_text("")  # taken: the next run writes a new file
+    return counts, spans
+
+
+def _mycroft_view(spans: list) -> Counter[str]:
+    return Counter(str(s.attributes[schema.ATTR_SPAN_KIND]) for s in spans)
+
+
+@pytest.mark.parametrize(("version", "lib", "table"), [("v7", "v7", "v7"), ("v7", "v6", "v6"), ("v6", "v7", "v6")])
+def test_chained_plugin_gets_every_call_with_its_own_handles(counters: tuple[Path, Path], ring_dir: Path,
+                                                            tmp_path: Path, version: str, lib: str,
+                                                            table: str) -> None:
+    counts, spans = _run(tmp_path, ring_dir, version, counters[0] if lib == "v7" else counters[1])
+    want = expected(SCRIPT, BITS[version] & BITS[table])
+    assert {k: counts[k] for k in want} == want
+    assert counts["inits"] == counts["finalizes"] == 1
+    assert counts[f"calls_{table}"] == sum(want["starts"].values())  # the table Mycroft picked
+    assert counts["calls_v7" if table == "v6" else "calls_v6"] == 0
+    # its own context, handles and parents every time; only the PXN flow's parent is foreign
+    assert (counts["bad_ctx"], counts["bad_handle"], counts["bad_parent"], counts["pxn_parent"]) == (0, 0, 0, 1)
+    alone, alone_spans = _run(tmp_path, ring_dir, version, "")
+    assert alone == {}
+    assert _mycroft_view(spans) == _mycroft_view(alone_spans)  # chaining changes nothing Mycroft records
+
+
+def test_chained_plugin_older_than_every_table_leaves_mycroft_alone(counters: tuple[Path, Path], ring_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """NCCL 2.28 calls Mycroft's v5; the counter exports only v6/v7: nothing to chain to."""
+    script = SCRIPT.replace("collx 4 0 0 AllReduce 1024 ncclFloat32 2 RING SIMPLE 5 0 -",
+                            "coll 4 0 0 AllReduce 1024 ncclFloat32 2 RING SIMPLE")
+    counts, spans = _run(tmp_path, ring_dir, "v5", counters[0], script=script)
+    assert counts["inits"] == 0 and counts.get("starts") == {}
+    assert _mycroft_view(spans)[schema.KIND_NATIVE_COLL] == 2
+
+
+@pytest.mark.parametrize("failure", ["init", "missing"])
+def test_a_failing_chained_plugin_never_disables_mycroft(counters: tuple[Path, Path], ring_dir: Path,
+                                                         tmp_path: Path, failure: str) -> None:
+    lib = counters[0] if failure == "init" else tmp_path / "no-such-plugin.so"
+    counts, spans = _run(tmp_path, ring_dir, "v7", lib, {"CHAIN_COUNTER_FAIL_INIT": "1"} if failure == "init" else {})
+    if failure == "init":
+        assert counts["inits_failed"] == 1 and counts["inits"] == 0 and counts["starts"] == {}
+    _, alone_spans = _run(tmp_path, ring_dir, "v7", "")
+    assert _mycroft_view(spans) == _mycroft_view(alone_spans)
+    assert _mycroft_view(spans)[schema.KIND_NATIVE_FLOW] == 2

@@ -11,7 +11,10 @@ from mycroft.native import BUILD_DIR, LIBRARY_NAME
 from mycroft.native.emulate import Fault, finish_rank, job_scripts, start_rank
 
 from .conftest import make
+from .test_chain import SCRIPT as CHAIN_SCRIPT
 from .test_edges import EDGES
+from .test_hazards import FOREIGN_CTX, KCH_STOP_FIRST, POOL_FULL, STEPS_MISMATCH
+from .test_v7 import V7
 
 SAN_ERRORS = ("ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer", "ERROR: LeakSanitizer")
 
@@ -78,6 +81,30 @@ def test_asan_ubsan_edge_cases(asan: tuple[Path, Path], ring_dir: Path, tmp_path
                           text=True, env=_env(ring_dir), timeout=120))
 
 
+@pytest.mark.parametrize("name", ["v7", "pool_full", "foreign_ctx", "steps_mismatch", "kch_stop_first", "chain"])
+def test_asan_ubsan_v7_hazards_and_chaining(asan: tuple[Path, Path], ring_dir: Path, tmp_path: Path,
+                                            name: str) -> None:
+    """The v7 sequences, each hazard replay and a chained run (the counting plugin built with
+    ASan too) under ASan/UBSan, leaks included."""
+    driver, library = asan
+    script, version, env = {
+        "v7": (V7, "v7", {"MYCROFT_NATIVE_KERNEL_PHASES": "1"}),
+        "pool_full": (POOL_FULL, "v6", {"MYCROFT_NATIVE_POOL_COLLS": "4"}),
+        "foreign_ctx": (FOREIGN_CTX, "v7", {}),
+        "steps_mismatch": (STEPS_MISMATCH, "v6", {}),
+        "kch_stop_first": (KCH_STOP_FIRST, "v6", {}),
+        "chain": (CHAIN_SCRIPT, "v7", {"MYCROFT_NATIVE_KERNEL_PHASES": "1",
+                                       "MYCROFT_NCCL_PROFILER_CHAIN": str(library.parent / "libchain_counter.so"),
+                                       "CHAIN_COUNTER_OUT": str(tmp_path / "counts.json")}),
+    }[name]
+    path = tmp_path / f"{name}.script"
+    path.write_text(script)
+    _clean(subprocess.run([str(driver), "replay", str(library), version, str(path)], capture_output=True,
+                          text=True, env={**_env(ring_dir), **env}, timeout=120))
+    if name == "chain":
+        assert '"bad_handle": 0, "bad_parent": 0' in (tmp_path / "counts.json").read_text()
+
+
 def test_asan_ubsan_stress(asan: tuple[Path, Path], ring_dir: Path) -> None:
     driver, library = asan
     _clean(subprocess.run([str(driver), "stress", str(library), "1500"], capture_output=True, text=True,
@@ -94,3 +121,16 @@ def test_tsan_stress_proxy_threads_main_thread_publisher_and_reader(tsan: tuple[
                             env=_env(ring_dir), timeout=120)
     _clean(result)
     assert '"bad": 0' in result.stdout and '"dropped_events": 0' in result.stdout
+
+
+def test_tsan_stress_with_a_chained_plugin(tsan: tuple[Path, Path], ring_dir: Path, tmp_path: Path) -> None:
+    """The same stress with the counting plugin chained (its handles ride in Mycroft's slots,
+    forwarded from the proxy threads): no race, the accounting still adds up."""
+    driver, library = tsan
+    out = tmp_path / "counts.json"
+    chain = {"MYCROFT_NCCL_PROFILER_CHAIN": str(library.parent / "libchain_counter.so"), "CHAIN_COUNTER_OUT": str(out)}
+    result = subprocess.run([str(driver), "stress", str(library), "300"], capture_output=True, text=True,
+                            env={**_env(ring_dir), **chain}, timeout=180)
+    _clean(result)
+    counts = out.read_text()
+    assert '"bad_ctx": 0, "bad_handle": 0, "bad_parent": 0' in counts and '"inits": 3' in counts

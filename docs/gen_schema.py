@@ -74,6 +74,11 @@ MEANINGS: dict[str, tuple[str, str, str]] = {
     "ATTR_HB_STACK": ("string", "Main-thread Python stack, innermost last; when idle longer than "
                       "MYCROFT_STACK_AFTER, and on the final heartbeat", "`train.py:88 in load_batch`"),
     "ATTR_HB_DROPPED": ("int", "Records this rank dropped so far (queue full, export failed, errors)", "`0`"),
+    "ATTR_HB_SPANS_KEPT": ("int", "Op spans this rank sent so far under the trace budget (MYCROFT_TRACE_BUDGET)",
+                           "`1200`"),
+    "ATTR_HB_SPANS_ANOMALIES": ("int", "Op spans sent so far whatever the budget: failed, timed out, slow", "`3`"),
+    "ATTR_HB_SPANS_SAMPLED_OUT": ("int", "Op spans this rank did not send so far (sampled away by the budget)",
+                                  "`58800`"),
     "ATTR_HB_STEP": ("int", "Training step, when the application reports one", "`1200`"),
     "ATTR_HB_GROUP_IDS": ("string[]", "Groups this rank has used (parallel arrays follow)", "`[\"165b…\"]`"),
     "ATTR_HB_GROUP_NAMES": ("string[]", "torch group names", "`[\"0\"]`"),

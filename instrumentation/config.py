@@ -28,6 +28,12 @@ ENV_COMPLETION_POLL_MS = "MYCROFT_COMPLETION_POLL_MS"
 ENV_MAX_PENDING_WORKS = "MYCROFT_MAX_PENDING_WORKS"
 ENV_OP_SPAN_SAMPLE = "MYCROFT_OP_SPAN_SAMPLE"
 ENV_KEEP_SLOW_OPS = "MYCROFT_KEEP_SLOW_OPS_S"
+ENV_TRACE_BUDGET = "MYCROFT_TRACE_BUDGET"
+
+#: op spans per second for the whole job (instrumentation/sampling.py). Tempo's default per-tenant
+#: ingestion limit is 30 MB/s (modules/overrides/config.go, 2026-08); at ~600 B a span this is
+#: ~1.2 MB/s per busy process group, so a 1,024-rank job with 3 busy groups per rank sends ~3.7 MB/s
+DEFAULT_TRACE_BUDGET = 2048.0
 
 
 def _float(name: str, default: float, minimum: float = 0.0) -> float:
@@ -81,8 +87,10 @@ class MycroftConfig:
     completion_poll_s: float = 0.001  # device-async backends: how often pending Works are polled
     max_pending_works: int = 1024  # Works (and their tensors) held at most for completion polling
     native_linger_s: float = 0.02  # at exit: the plugin's linger + tick, waited once before its last flush
-    # the telemetry diet: the share of collectives whose op spans are sent, by trace id (the same on
-    # every rank, so a kept collective is whole); failed ops and ops slower than keep_slow_s always go
+    # the telemetry diet (instrumentation/sampling.py): op spans per second for the whole job, kept by
+    # trace id (the same on every rank, so a kept collective is whole; inf: no budget), under a fixed
+    # share of collectives (op_span_sample); failed ops and ops slower than keep_slow_s always go
+    trace_budget: float = DEFAULT_TRACE_BUDGET
     op_span_sample: float = 1.0
     keep_slow_s: float = 1.0
 
@@ -112,6 +120,7 @@ class MycroftConfig:
             native=_bool(ENV_NATIVE, True),
             completion_poll_s=_float(ENV_COMPLETION_POLL_MS, 1.0, 0.05) / 1000.0,
             max_pending_works=_int(ENV_MAX_PENDING_WORKS, 1024, 1),
+            trace_budget=_float(ENV_TRACE_BUDGET, DEFAULT_TRACE_BUDGET, 0.0),
             op_span_sample=min(1.0, _float(ENV_OP_SPAN_SAMPLE, 1.0, 0.0)),
             keep_slow_s=_float(ENV_KEEP_SLOW_OPS, 1.0, 0.0),
         )

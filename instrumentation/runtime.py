@@ -11,6 +11,7 @@ import atexit
 import collections
 import contextlib
 import logging
+import math
 import os
 import random
 import select
@@ -37,7 +38,8 @@ from mycroft.instrumentation.directives import (
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
-from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, keep_op, op_span, readable
+from mycroft.instrumentation.sampling import TraceBudget
+from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span, op_trace_id, readable
 from mycroft.instrumentation.startup import launch_facts, launch_resource, named_resource
 from opentelemetry.sdk.resources import Resource
 
@@ -163,7 +165,8 @@ class Runtime:
         self._rng = random.Random()
         self._hb_counter = self._hb_counter if startup is not None else 0  # one process, one sequence
         self._beat_since_init = False
-        self.sampled_out = 0  # op spans the diet did not send (MYCROFT_OP_SPAN_SAMPLE)
+        # which op spans are sent (MYCROFT_TRACE_BUDGET, MYCROFT_OP_SPAN_SAMPLE); its counts go in heartbeats
+        self.budget = TraceBudget(config.trace_budget, self.world_size, config.op_span_sample, config.keep_slow_s)
         self._digests = SignatureDigests()  # what the RCA compares when op spans are sampled
         self._last_hb_ns = time.time_ns()
         self._stop = threading.Event()
@@ -208,6 +211,8 @@ class Runtime:
         })
         if os.environ.get("SLURM_JOB_ID"):
             attributes[schema.RES_SLURM_JOB_ID] = os.environ["SLURM_JOB_ID"]
+        if math.isfinite(self.config.trace_budget):
+            attributes[schema.RES_TRACE_BUDGET] = float(self.config.trace_budget)
         return named_resource(base, attributes, self.job_id)
 
     def _install_signal_handlers(self) -> None:
@@ -313,7 +318,7 @@ class Runtime:
         if not queue:
             return
         spans: list[SpanRecord] = []
-        ratio, slow = self.config.op_span_sample, self.config.keep_slow_s
+        keep = self.budget.keep
         for _ in range(len(queue)):
             try:
                 record = queue.popleft()
@@ -325,10 +330,11 @@ class Runtime:
                 if record.device:
                     self._py_ops.append(PyOp(record.group.gid, record.seq, record.op, record.start_ns,
                                              record.call_end_ns))
-            if ratio >= 1.0 or keep_op(record, self.job_id, ratio, slow):
-                spans.append(op_span(record, self.job_id, self.rank))
-            else:
-                self.sampled_out += 1
+            trace_id = op_trace_id(record, self.job_id)
+            stream = (record.group.gid, record.src, record.dst) if record.op in schema.P2P_OPS else \
+                (record.group.gid, -1, -1)
+            if keep(trace_id, stream, record.seq, record.state, record.start_ns, record.end_ns):
+                spans.append(op_span(record, self.job_id, self.rank, trace_id=trace_id))
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
         urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
         self.shipper.submit(spans, urgent=urgent)
@@ -478,6 +484,10 @@ class Runtime:
         idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
+        counts = self.budget.counts
+        attributes[schema.ATTR_HB_SPANS_KEPT] = counts.kept
+        attributes[schema.ATTR_HB_SPANS_ANOMALIES] = counts.anomalies
+        attributes[schema.ATTR_HB_SPANS_SAMPLED_OUT] = counts.sampled_out
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
         attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
         attributes[schema.ATTR_HB_PHASE] = schema.PHASE_TRAINING

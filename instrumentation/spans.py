@@ -56,21 +56,14 @@ def op_trace_id(record: OpRecord, job_id: str) -> int:
     return schema.collective_trace_id(job_id, record.group.gid, record.seq)
 
 
-def keep_op(record: OpRecord, job_id: str, ratio: float, keep_slow_s: float) -> bool:
-    """The telemetry diet: whether this op's span is sent. Head sampling by trace id keeps or
-    drops a collective on every rank alike; anomalies (failed, timed out, slow) always go."""
-    if ratio >= 1.0 or record.state != schema.STATE_COMPLETED:
-        return True
-    if record.end_ns and record.end_ns - record.start_ns >= keep_slow_s * 1e9:
-        return True
-    return schema.keep_trace(op_trace_id(record, job_id), ratio)
-
-
-def op_span(record: OpRecord, job_id: str, rank: int, end_ns: int | None = None) -> SpanRecord:
-    """One rank's span of one collective / p2p op, in the collective's deterministic trace."""
+def op_span(record: OpRecord, job_id: str, rank: int, end_ns: int | None = None,
+            trace_id: int | None = None) -> SpanRecord:
+    """One rank's span of one collective / p2p op, in the collective's deterministic trace
+    (`trace_id`: op_trace_id's answer, where the caller has it already)."""
     info = record.group
     is_p2p = record.op in schema.P2P_OPS
-    trace_id = op_trace_id(record, job_id)
+    if trace_id is None:
+        trace_id = op_trace_id(record, job_id)
     attributes: dict[str, AttrValue] = {
         schema.ATTR_SPAN_KIND: schema.KIND_P2P if is_p2p else schema.KIND_COLLECTIVE,
         schema.ATTR_RANK: rank,

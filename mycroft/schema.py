@@ -35,6 +35,7 @@ RES_LAUNCHER: Final = "mycroft.launcher"  # what started the rank: torchrun | sl
 RES_NODE_RANK: Final = "mycroft.node_rank"  # the node's index in the job (GROUP_RANK / SLURM_NODEID)
 RES_LOCAL_WORLD_SIZE: Final = "mycroft.local_world_size"  # ranks per node (LOCAL_WORLD_SIZE)
 RES_KUBE_NODE_NAME: Final = "k8s.node.name"  # the pod's Kubernetes node (downward API); what cordon_node cordons
+RES_TRACE_BUDGET: Final = "mycroft.trace.budget"  # double: the job's op spans/s (MYCROFT_TRACE_BUDGET)
 
 # --------------------------------------------------------------------------------------
 # Span names (low cardinality). Collective / p2p spans are named by their op (OP_*).
@@ -147,6 +148,11 @@ EXIT_REASON_ABORTED: Final = "mycroft_abort"  # the rank left on the RCA service
 ATTR_HB_IDLE_S: Final = "mycroft.hb.idle_s"  # seconds since this rank last had an op in flight
 ATTR_HB_STACK: Final = "mycroft.hb.stack"  # main-thread Python stack, innermost last
 ATTR_HB_DROPPED: Final = "mycroft.hb.dropped"  # telemetry records dropped so far by this rank
+# op spans so far by what the trace budget did with them (instrumentation/sampling.py): sent under
+# the budget, sent whatever the budget (failed, timed out, slow: anomalies), not sent
+ATTR_HB_SPANS_KEPT: Final = "mycroft.hb.spans.kept"
+ATTR_HB_SPANS_ANOMALIES: Final = "mycroft.hb.spans.anomalies"
+ATTR_HB_SPANS_SAMPLED_OUT: Final = "mycroft.hb.spans.sampled_out"
 ATTR_HB_STEP: Final = "mycroft.hb.step"  # optional training step reported by the user
 # cumulative seconds the rank had >= 1 op in flight (the rest of its time is compute), and ops
 # completed so far: per interval, how much a rank computed vs waited, on its own clock

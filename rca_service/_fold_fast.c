@@ -20,6 +20,7 @@
 enum {
     K_COUNTER, K_INTERVAL, K_FINAL, K_IDLE, K_STACK, K_COMM, K_DONE, K_STEP, K_DROPPED, K_ISSUED, K_COMPLETED,
     K_IDS, K_NAMES, K_MEMBERS, K_INFLIGHT_GIDS, K_SEQS, K_OPS, K_AGES, K_PEERS, K_SIZES, K_DTYPES, K_DIGEST_GIDS,
+    K_SPANS_KEPT, K_SPANS_ANOMALIES, K_SPANS_SAMPLED_OUT, /* the trace budget's counts, in this order */
     N_KEYS
 };
 
@@ -40,6 +41,7 @@ enum {
     A_WORK, A_STEP, A_DROPPED, A_ISSUED, A_COMPLETED, A_LAST_PROGRESS_AT, A_COMPLETIONS, A_INFLIGHT, A_HB_TABLE,
     A_HB_ADMITTED, A_RANK, A_GROUPS, A_P2P_ISSUED, A_P2P_COMPLETED, A_SEQS, A_SIGS, A_VERSION, A_FLOWS,
     A_FLOW_HISTORY, A_APPEND, A_ATTRIBUTES, A_RESOURCE, A_END_NS, A_RANKS, A_LAST_SEEN, A_WORLD_SIZE, A_HB_CHECKED,
+    A_SPANS_KEPT, A_SPANS_ANOMALIES, A_SPANS_SAMPLED_OUT,
     N_ATTRS
 };
 static const char *const ATTR_NAMES[N_ATTRS] = {
@@ -47,6 +49,7 @@ static const char *const ATTR_NAMES[N_ATTRS] = {
     "work", "step", "dropped", "issued", "completed", "last_progress_at", "completions", "inflight", "hb_table",
     "hb_admitted", "rank", "groups", "p2p_issued", "p2p_completed", "seqs", "sigs", "version", "flows",
     "flow_history", "append", "attributes", "resource", "end_ns", "ranks", "last_seen", "world_size", "hb_checked",
+    "spans_kept", "spans_anomalies", "spans_sampled_out",
 };
 static PyObject *names[N_ATTRS];
 static PyObject *zero, *one, *minus_one, *empty_str;
@@ -297,6 +300,7 @@ fail:
 /* ------------------------------------------------------------------------ the heartbeat */
 typedef struct {
     PyObject *counter, *interval, *idle, *stack, *comm, *done, *step, *dropped, *issued, *completed;
+    PyObject *spans[3]; /* K_SPANS_KEPT .. K_SPANS_SAMPLED_OUT */
     PyObject *admitted; /* rank.hb_admitted (a new reference) */
     InflightArrays inflight;
     int has_digests;
@@ -322,6 +326,10 @@ static int check(PyObject *rank, PyObject *attrs, Checked *c) {
     if (c->step != NULL && !PyLong_CheckExact(c->step)) return 0;
     c->dropped = get(attrs, K_DROPPED);
     if (c->dropped != NULL && !PyLong_CheckExact(c->dropped)) return 0;
+    for (int i = 0; i < 3; i++) {
+        c->spans[i] = get(attrs, K_SPANS_KEPT + i);
+        if (c->spans[i] != NULL && !PyLong_CheckExact(c->spans[i])) return 0;
+    }
     if (!list_or_absent(get(attrs, K_ISSUED), &c->issued) || !list_or_absent(get(attrs, K_COMPLETED), &c->completed))
         return 0;
     PyObject *gids = get(attrs, K_INFLIGHT_GIDS);
@@ -560,6 +568,8 @@ static int fold_one(PyObject *job, PyObject *rank, PyObject *attrs, PyObject *re
     if (c.comm != NULL && fold_work(rank, &c, end_ns) < 0) goto out;
     if (c.step != NULL && set_attr(rank, A_STEP, c.step) < 0) goto out;
     if (c.dropped != NULL && set_attr(rank, A_DROPPED, c.dropped) < 0) goto out;
+    for (int i = 0; i < 3; i++)
+        if (c.spans[i] != NULL && set_attr(rank, A_SPANS_KEPT + i, c.spans[i]) < 0) goto out;
     if (fold_frontiers(job, rank, &c, received_obj) < 0) goto out;
     inflight = c.inflight.gids ? fold_inflight(job, rank, &c.inflight, received_obj, max_seqs) : PyList_New(0);
     if (inflight == NULL || set_attr(rank, A_INFLIGHT, inflight) < 0) goto out;

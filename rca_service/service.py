@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from .engine import Engine
 from .incidents import FIRING, REFRESHED, Incident
 from .ingest import Forwarder, IngestQueue
 from .metrics import Metrics
+from .state import JobState
 from .store import Store
 
 log = logging.getLogger("mycroft.rca")
@@ -86,6 +88,25 @@ SERVE_GC_THRESHOLDS = (200_000, 20, 20)
 #: per-host Prometheus series at most (suspects first, then the hosts with the most incidents): a
 #: fleet of 10k hosts must not become 10k series per metric
 MAX_HOST_SERIES = 200
+#: per-job trace budget series at most (the jobs with the most ranks)
+MAX_JOB_SERIES = 100
+
+
+def trace_budget_series(jobs: Iterable[JobState], limit: int = MAX_JOB_SERIES) -> dict[str, dict[str, float]]:
+    """Per job: its trace budget (spans/s, from the ranks' resource) and its ranks' op-span counts
+    as their last heartbeats said (kept under the budget, kept as anomalies, sampled away). The ranks
+    have no HTTP server; their counts ride in the heartbeats and are summed here."""
+    out: dict[str, dict[str, float]] = {"budget": {}, "kept": {}, "anomalies": {}, "sampled_out": {}}
+    for job in sorted(jobs, key=lambda j: -len(j.ranks))[:limit]:
+        ranks = list(job.ranks.values())
+        out["kept"][job.job_id] = float(sum(r.spans_kept for r in ranks))
+        out["anomalies"][job.job_id] = float(sum(r.spans_anomalies for r in ranks))
+        out["sampled_out"][job.job_id] = float(sum(r.spans_sampled_out for r in ranks))
+        budget = next((r.resource.get(schema.RES_TRACE_BUDGET) for r in ranks
+                       if r.resource and r.resource.get(schema.RES_TRACE_BUDGET) is not None), None)
+        if isinstance(budget, int | float):
+            out["budget"][job.job_id] = float(budget)
+    return out
 
 
 def raise_fd_limit(want: int = 65536) -> int:
@@ -398,6 +419,11 @@ class RcaService:
                                     {r.host: float(len(r.counted)) for r in top})
         self.metrics.replace_series("mycroft_rca_host_suspect", "host",
                                     {r.host: 1.0 for r in suspects[:MAX_HOST_SERIES]})
+        with self._lock:
+            traces = trace_budget_series(self.engine.jobs.values())
+        self.metrics.replace_series("mycroft_rca_trace_budget_spans_per_second", "job", traces["budget"])
+        for outcome in ("kept", "anomalies", "sampled_out"):
+            self.metrics.replace_series(f"mycroft_rca_trace_op_spans_{outcome}", "job", traces[outcome])
         return self.metrics.render(time.time())
 
     def _describe_metrics(self) -> None:
@@ -431,3 +457,12 @@ class RcaService:
                    f"Per host (at most {MAX_HOST_SERIES}): incidents within the suspect window that named one of its "
                    "ranks as the root cause with a counted cause kind")
         m.describe("mycroft_rca_host_suspect", "gauge", "1 for each host on the suspect list")
+        m.describe("mycroft_rca_trace_budget_spans_per_second", "gauge",
+                   f"Per job (at most {MAX_JOB_SERIES}): its trace budget, op spans per second for the whole job "
+                   "(MYCROFT_TRACE_BUDGET)")
+        m.describe("mycroft_rca_trace_op_spans_kept", "gauge",
+                   "Per job: op spans its ranks sent under the trace budget, as their last heartbeats counted")
+        m.describe("mycroft_rca_trace_op_spans_anomalies", "gauge",
+                   "Per job: op spans its ranks sent whatever the budget (failed, timed out, slow)")
+        m.describe("mycroft_rca_trace_op_spans_sampled_out", "gauge",
+                   "Per job: op spans its ranks did not send (sampled away by the trace budget)")

@@ -75,6 +75,10 @@ class RankState:
     stack: str = ""
     step: int | None = None
     dropped: int = 0
+    # op spans so far by what the rank's trace budget did (schema.ATTR_HB_SPANS_*): /metrics sums them per job
+    spans_kept: int = 0
+    spans_anomalies: int = 0
+    spans_sampled_out: int = 0
     issued: dict[str, int] = field(default_factory=dict)
     completed: dict[str, int] = field(default_factory=dict)
     inflight: list[InFlight] = field(default_factory=list)
@@ -311,6 +315,10 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
     return admitted
 
 
+#: the trace budget's counts in a heartbeat -> the RankState field each folds into
+_SPAN_COUNTS = ((schema.ATTR_HB_SPANS_KEPT, "spans_kept"), (schema.ATTR_HB_SPANS_ANOMALIES, "spans_anomalies"),
+                (schema.ATTR_HB_SPANS_SAMPLED_OUT, "spans_sampled_out"))
+
 _STEADY_PHASES = frozenset({"", None, schema.PHASE_TRAINING})  # a client that sends no phase is training
 
 
@@ -380,6 +388,10 @@ def _apply_heartbeat_python(job: JobState, rank: RankState, record: SpanRecord, 
     dropped = get(schema.ATTR_HB_DROPPED)
     if dropped is not None:
         rank.dropped = dropped if dropped.__class__ is int else _int(dropped, rank.dropped)
+    for key, name in _SPAN_COUNTS:
+        count = get(key)
+        if count is not None:
+            setattr(rank, name, count if count.__class__ is int else _int(count, getattr(rank, name)))
 
     issued = _shared_list(get(schema.ATTR_HB_GROUP_ISSUED))
     completed = _shared_list(get(schema.ATTR_HB_GROUP_COMPLETED))
@@ -709,7 +721,8 @@ COMPILED_FOLD_KEYS = (
     schema.ATTR_HB_STACK, schema.ATTR_HB_COMM_S, schema.ATTR_HB_OPS_DONE, schema.ATTR_HB_STEP,
     schema.ATTR_HB_DROPPED, schema.ATTR_HB_GROUP_ISSUED, schema.ATTR_HB_GROUP_COMPLETED, schema.ATTR_HB_GROUP_IDS,
     schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_INFLIGHT_GROUP_IDS,
-    *_INFLIGHT_ARRAYS, schema.ATTR_HB_DIGEST_GROUP_IDS)
+    *_INFLIGHT_ARRAYS, schema.ATTR_HB_DIGEST_GROUP_IDS,
+    schema.ATTR_HB_SPANS_KEPT, schema.ATTR_HB_SPANS_ANOMALIES, schema.ATTR_HB_SPANS_SAMPLED_OUT)
 if _fold_fast is not None:
     _fold_fast.configure(COMPILED_FOLD_KEYS, tuple(sorted(FLOW_KEYS)), schema.OP_SEND, InFlight, SeqRecord,
                          (schema.ATTR_SPAN_KIND, schema.KIND_HEARTBEAT, schema.ATTR_RANK, schema.RES_JOB_ID,

@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+import time
+from typing import TYPE_CHECKING
 
 from .config import PROCESSOR_OTLP_GRPC, PROCESSOR_OTLP_HTTP, ProcessorConfig
+
+if TYPE_CHECKING:
+    from .service import ProcessorService
 
 
 def add_processor_options(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +41,8 @@ def add_processor_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ProcessorConfig:
+    if getattr(args, "config_json", None):  # the embedded collector's standalone engine: the whole config
+        return ProcessorConfig(**json.loads(args.config_json))
     return ProcessorConfig(window_s=args.window, linger_s=args.linger, max_open=args.max_open,
                            max_detail_total=args.max_detail, skew_threshold_s=args.skew_threshold,
                            slow_factor=args.slow_factor)
@@ -47,6 +55,26 @@ def wait_for_signal() -> None:
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
+
+
+def _serve_for_collector(service: ProcessorService, stats_file: str, flush_file: str) -> None:
+    """Until SIGINT / SIGTERM: counters to `stats_file` every second (the first at once: the embedded
+    collector's readiness), and one flush of every window when `flush_file` appears (its graceful stop)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    flushed = False
+    last_stats = 0.0
+    while True:
+        if flush_file and not flushed and os.path.exists(flush_file):
+            flushed = service.flush() or True
+            last_stats = 0.0
+        now = time.monotonic()
+        if stats_file and now - last_stats >= 1.0:
+            last_stats = now
+            service.write_stats(stats_file, flushed)
+        if stop.wait(0.05):
+            return
 
 
 def _serve(argv: list[str]) -> int:
@@ -65,6 +93,10 @@ def _serve(argv: list[str]) -> int:
     parser.add_argument("--max-export-queue", type=int, default=50_000, metavar="N",
                         help="spans queued per endpoint and lane before export drops (default %(default)s)")
     parser.add_argument("--log-level", default="INFO")
+    # the embedded collector's standalone engine (`mycroft collector run`): its config, counters and flush
+    parser.add_argument("--config-json", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--stats-file", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--flush-file", default="", help=argparse.SUPPRESS)
     from mycroft.security_cli import security_args, security_options, warn_if_open
 
     security_args(parser, client_ca=False)
@@ -87,9 +119,14 @@ def _serve(argv: list[str]) -> int:
     print(json.dumps({"event": "ready", "otlp_grpc": service.grpc_port, "otlp_http": service.http_port,
                       "metrics": service.metrics_port, "export": args.export}), flush=True)
     try:
-        wait_for_signal()
+        if args.stats_file or args.flush_file:
+            _serve_for_collector(service, args.stats_file, args.flush_file)
+        else:
+            wait_for_signal()
     finally:
         service.stop()
+        if args.stats_file:
+            service.write_stats(args.stats_file, flushed=True)
         print(json.dumps({"event": "stopped", "counters": service.counters.snapshot()}), flush=True)
     return 0
 

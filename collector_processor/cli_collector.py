@@ -1,7 +1,9 @@
-"""`mycroft collector run`: the embedded collector (rotel + the Mycroft processor) in one command.
+"""`mycroft collector run`: the embedded collector (the Mycroft processor, hosted by rotel or
+standalone) in one command.
 
-Prints one JSON line {"event": "ready", ...} once rotel accepts OTLP, then runs until
-SIGINT / SIGTERM (or until rotel dies, which exits non-zero).
+Prints one JSON line {"event": "ready", "engine": ...} once it accepts OTLP (and, when rotel
+cannot host the processor, one line on stderr saying why the standalone engine runs), then
+runs until SIGINT / SIGTERM (or until the engine dies, which exits non-zero).
 """
 
 from __future__ import annotations
@@ -14,20 +16,23 @@ import sys
 import threading
 
 from .cli import add_processor_options, config_from_args
-from .collector import CollectorError, EmbeddedCollector
+from .collector import DEFAULT_ENGINE, ENGINES, CollectorError, EmbeddedCollector
 from .config import COLLECTOR_OTLP_GRPC, COLLECTOR_OTLP_HTTP
 
 
 def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="mycroft collector run",
-                                     description="rotel with the Mycroft processor: ranks -> this -> backends.")
+    parser = argparse.ArgumentParser(prog="mycroft collector run", description="The Mycroft processor behind "
+                                     "the standard OTLP ports: ranks -> this -> backends.")
     parser.add_argument("--otlp-grpc", default=COLLECTOR_OTLP_GRPC, metavar="HOST:PORT",
                         help="OTLP gRPC listen address (default %(default)s)")
     parser.add_argument("--otlp-http", default=COLLECTOR_OTLP_HTTP, metavar="HOST:PORT",
                         help="OTLP HTTP listen address (default %(default)s)")
     parser.add_argument("--export", action="append", required=True, metavar="ENDPOINT",
                         help="OTLP gRPC endpoint (http://host:port): the RCA service, Jaeger, Tempo...; repeat")
-    parser.add_argument("--workdir", default=None, help="rotel's pid / log / stats files (default: a temp dir)")
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                        help="what hosts the processor: the standalone service, or rotel (where rotel cannot "
+                             "host it, the standalone service, said in one line); default %(default)s")
+    parser.add_argument("--workdir", default=None, help="pid / log / stats files (default: a temp dir)")
     parser.add_argument("--print-env", action="store_true",
                         help="print rotel's configuration as environment variables and exit")
     add_processor_options(parser)
@@ -44,13 +49,16 @@ def _run(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         collector = EmbeddedCollector(args.export, args.otlp_grpc, args.otlp_http, config_from_args(args),
-                                      workdir=args.workdir)
+                                      workdir=args.workdir, engine=args.engine)
         collector.start()
     except (CollectorError, ValueError, OSError) as exc:
         print(f"mycroft collector run: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"event": "ready", "otlp_grpc": args.otlp_grpc, "otlp_http": args.otlp_http,
-                      "export": args.export, "workdir": str(collector.workdir),
+    notice = collector.notice()
+    if notice:
+        print(f"mycroft collector run: {notice}", file=sys.stderr, flush=True)
+    print(json.dumps({"event": "ready", "engine": collector.engine_used, "otlp_grpc": args.otlp_grpc,
+                      "otlp_http": args.otlp_http, "export": args.export, "workdir": str(collector.workdir),
                       "pid": collector.proc.pid if collector.proc else None}), flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -59,8 +67,8 @@ def _run(argv: list[str]) -> int:
     try:
         while not stop.wait(0.5):
             if not collector.running():
-                print(f"mycroft collector run: rotel exited unexpectedly:\n{collector.output_tail()}",
-                      file=sys.stderr)
+                print(f"mycroft collector run: the {collector.describe()} exited unexpectedly:\n"
+                      f"{collector.output_tail()}", file=sys.stderr)
                 code = 1
                 break
     finally:

@@ -31,11 +31,19 @@ from __future__ import annotations
 
 import os
 import site
+import sys
 
 
 def _bootstrap() -> None:
+    """Add the venv's site directories (with their .pth files: the editable install's hook), ahead of
+    the embedded interpreter's own site-packages, which a venv without system site packages never sees."""
+    before = list(sys.path)
     for path in filter(None, os.environ.get("MYCROFT_PYTHONPATH", "").split(os.pathsep)):
         site.addsitedir(path)
+    added = [path for path in sys.path if path not in before]
+    first_site = next((i for i, path in enumerate(before)
+                       if path.rstrip("/").endswith(("site-packages", "dist-packages"))), len(before))
+    sys.path[:] = before[:first_site] + added + before[first_site:]
 
 
 _bootstrap()
@@ -54,7 +62,7 @@ from mycroft.collector_processor.budget import BusyBudget  # noqa: E402
 from mycroft.collector_processor.condense import DETAIL_NAMES  # noqa: E402
 from mycroft.collector_processor.config import ProcessorConfig  # noqa: E402
 from mycroft.collector_processor.pipeline import JOIN_NAMES, CollectorProcessor  # noqa: E402
-from mycroft.collector_processor.stats import Counters  # noqa: E402
+from mycroft.collector_processor.stats import Counters, write_stats_file  # noqa: E402
 
 from mycroft import schema  # noqa: E402
 from mycroft.otlp import AttrValue, SpanRecord, request_from_records  # noqa: E402
@@ -297,12 +305,7 @@ class RotelAdapter:
             gauges = dict(self.core.gauges())
         gauges["loopback_queue_spans"] = self.loopback.pending()
         gauges["max_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        document = {"counters": self.counters.snapshot(), "gauges": gauges, "loopback_sent": self.loopback.sent,
-                    "flushed": self._flushed, "time": time.time()}
-        tmp = f"{self._stats_file}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(document, handle)
-        os.replace(tmp, self._stats_file)
+        write_stats_file(self._stats_file, self.counters, gauges, self._flushed, loopback_sent=self.loopback.sent)
 
 
 def _adapter_from_env() -> RotelAdapter:

@@ -19,6 +19,7 @@ backlog, gRPC's concurrent-RPC limit and the exporters' queues.
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 import time
 from collections import deque
@@ -48,7 +49,7 @@ from .config import ProcessorConfig
 from .export import Fanout
 from .pipeline import CollectorProcessor, split_urgent
 from .proto_edge import forwarded_by_core, split_request
-from .stats import Counters, prometheus_text
+from .stats import Counters, prometheus_text, write_stats_file
 
 log = logging.getLogger(__name__)
 _bad_input = RateLimitedLog(log, every_s=10.0)
@@ -99,6 +100,13 @@ class CoreWorker:
             self._stopping = True
             self._cond.notify()
         self._thread.join(30)
+        with self._lock:
+            out = self.processor.flush()
+        self._emit(out.all(), fast_path=False)
+
+    def flush(self) -> None:
+        """Close every open window now (the embedded collector's flush request) and hand the output
+        to the fan-out; the worker keeps running."""
         with self._lock:
             out = self.processor.flush()
         self._emit(out.all(), fast_path=False)
@@ -210,6 +218,18 @@ class ProcessorService:
         if self._metrics_server is not None:
             self._metrics_server.stop()
         log.info("processor stopped: %s", self.counters.snapshot())
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Close every open window and wait (bounded) until the exporters' queues are empty."""
+        self.core.flush()
+        return self.fanout.drain(timeout)
+
+    def write_stats(self, path: str, flushed: bool = False) -> None:
+        """The counters document `mycroft collector run` reads (the same one rotel's adapter writes)."""
+        gauges = self.core.gauges()
+        gauges["export_queue_spans"] = self.fanout.pending()
+        gauges["max_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        write_stats_file(path, self.counters, gauges, flushed)
 
     # ------------------------------------------------------------------ edges
     def _rejected(self, reason: str, spans: int) -> None:

@@ -7,7 +7,10 @@ as Prometheus text by the service and logged by the rotel adapter.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Final
 
@@ -70,6 +73,18 @@ class Counters:
         """All spans that did not make it downstream, whatever the reason."""
         snap = self.snapshot()
         return sum(value for name, value in snap.items() if name.startswith("dropped_"))
+
+
+def write_stats_file(path: str, counters: Counters, gauges: Mapping[str, float], flushed: bool,
+                     **extra: object) -> None:
+    """The counters document both hosts of the processor (rotel, the standalone service) write for
+    `mycroft collector run` / EmbeddedCollector.stats(); replaced atomically, so a reader never sees half."""
+    document = {"counters": counters.snapshot(), "gauges": dict(gauges), "flushed": flushed, "time": time.time(),
+                **extra}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(document, handle)
+    os.replace(tmp, path)
 
 
 def prometheus_text(values: Mapping[str, int], gauges: Mapping[str, float] | None = None,

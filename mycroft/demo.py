@@ -1,7 +1,7 @@
 """`mycroft demo`: the whole path on one machine, no other set-up.
 
-    RCA service  <-  rotel + Mycroft processor  <-  4 instrumented gloo ranks (torchrun)
-                                                     one of them misbehaves at a random step
+    RCA service  <-  collector (Mycroft processor,  <-  4 instrumented gloo ranks (torchrun)
+                     standalone or in rotel)           one of them misbehaves at a random step
 
 Prints the incident the RCA service raised (root cause, evidence, latency from the
 fault's onset) and where the traces are: an OTLP JSON file of everything the collector
@@ -106,6 +106,8 @@ def _print_incident(result: Any, trace_path: Path, spans: int, api: str) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mycroft.collector_processor.collector import DEFAULT_ENGINE, ENGINES, EmbeddedCollector
+
     parser = argparse.ArgumentParser(prog="mycroft demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fault", choices=FAULTS, default="block")
@@ -115,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default=".mycroft/demo", help="where the trace file and job log go")
     parser.add_argument("--no-collector", action="store_true", help="ranks export straight to the RCA service")
+    parser.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                        help="what hosts the collector's processor (mycroft collector run --engine; default "
+                             "%(default)s)")
     args = parser.parse_args(argv)
 
     from mycroft.faults.inject import local_rca, run_one
@@ -134,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             target: Any = rca
             print("  no collector: ranks export straight to the RCA service")
         else:
-            from mycroft.collector_processor.collector import EmbeddedCollector
-
             grpc_address = f"127.0.0.1:{_free_port()}"
             collector = EmbeddedCollector(exports=[f"http://{rca.otlp_grpc}", traces.endpoint],
-                                          otlp_grpc=grpc_address, otlp_http=f"127.0.0.1:{_free_port()}")
+                                          otlp_grpc=grpc_address, otlp_http=f"127.0.0.1:{_free_port()}",
+                                          engine=args.engine)
             stack.enter_context(collector)
-            print(f"  collector: rotel + Mycroft processor on {grpc_address}, exporting to the RCA service "
-                  f"and to {traces.endpoint}")
+            notice = collector.notice()
+            print(f"  collector: {collector.describe()} on {grpc_address}, exporting to the RCA service "
+                  f"and to {traces.endpoint}" + (f"; {notice}" if notice else ""))
             target = _ThroughCollector(grpc_address, rca)
         print("  launching: opentelemetry-instrument torchrun --nproc-per-node "
               f"{args.nproc} -m mycroft.faults.faultjob ...")

@@ -64,11 +64,11 @@ def processor_service(*exports: str, args: tuple[str, ...] = ()) -> Iterator[tup
 
 
 @contextmanager
-def embedded_collector(*exports: str, args: tuple[str, ...] = (),
-                       workdir: str | None = None) -> Iterator[tuple[subprocess.Popen[str], dict]]:
-    """`mycroft collector run` (rotel + processor) on free ports."""
+def embedded_collector(*exports: str, args: tuple[str, ...] = (), workdir: str | None = None,
+                       engine: str = "rotel") -> Iterator[tuple[subprocess.Popen[str], dict]]:
+    """`mycroft collector run --engine ENGINE` on free ports; fails if another engine came up."""
     grpc_port, http_port = free_port(), free_port()
-    command = [str(BIN / "mycroft"), "collector", "run", "--otlp-grpc", f"127.0.0.1:{grpc_port}",
+    command = [str(BIN / "mycroft"), "collector", "run", "--engine", engine, "--otlp-grpc", f"127.0.0.1:{grpc_port}",
                "--otlp-http", f"127.0.0.1:{http_port}", *args]
     if workdir:
         command += ["--workdir", workdir]
@@ -78,6 +78,7 @@ def embedded_collector(*exports: str, args: tuple[str, ...] = (),
                             env=dict(os.environ))
     try:
         ready = _read_ready(proc, 30)
+        assert ready["engine"] == engine, (ready, proc.stderr.readline() if proc.stderr else "")
         ready["grpc_port"], ready["http_port"] = grpc_port, http_port
         yield proc, ready
     finally:

@@ -119,13 +119,16 @@ def test_ranks_through_the_standalone_service_to_the_rca_service(
     _check_rca_state(rca["api"], "e2e-service")
 
 
-def test_stopping_the_embedded_collector_flushes_open_collectives(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["rotel", "standalone"])
+def test_stopping_the_embedded_collector_flushes_open_collectives(tmp_path: Path, engine: str) -> None:
     sink = SpanSink()
     receiver = OtlpReceiver(sink, "127.0.0.1:0", None).start()
     collector = EmbeddedCollector([f"http://127.0.0.1:{receiver.grpc_port}"], f"127.0.0.1:{free_port()}",
-                                  f"127.0.0.1:{free_port()}", ProcessorConfig(window_s=60.0), workdir=tmp_path)
+                                  f"127.0.0.1:{free_port()}", ProcessorConfig(window_s=60.0), workdir=tmp_path,
+                                  engine=engine)
     try:
         collector.start()
+        assert collector.engine_used == engine, collector.notice()
         t0 = 1_700_000_000_000_000_000
         spans = [syn.collective_span(rank, 9, t0 + rank * 1000, t0 + 10**7, job="flush") for rank in (0, 1, 2)]
         stub = trace_service_pb2_grpc.TraceServiceStub(grpc.insecure_channel(collector.otlp_grpc))
@@ -152,9 +155,10 @@ def test_rotel_starts_under_an_activated_venv(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
     receiver = OtlpReceiver(SpanSink(), "127.0.0.1:0", None).start()
     collector = EmbeddedCollector([f"http://127.0.0.1:{receiver.grpc_port}"], f"127.0.0.1:{free_port()}",
-                                  f"127.0.0.1:{free_port()}", ProcessorConfig(), workdir=tmp_path)
+                                  f"127.0.0.1:{free_port()}", ProcessorConfig(), workdir=tmp_path, engine="rotel")
     try:
         collector.start()
+        assert collector.engine_used == "rotel", collector.notice()  # not the fallback
         assert "VIRTUAL_ENV" not in collector.environment()
         assert collector.stop() == 0
     finally:

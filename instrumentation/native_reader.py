@@ -69,6 +69,7 @@ class NativeReader:
         self._colls: dict[tuple[int, int, int, int], Record] = {}  # (comm, rank, kind, seq) -> snapshot
         self._kchs: dict[tuple[int, int, int], Record] = {}  # (comm, rank, uid) -> in-flight kernel channel
         self._info: dict[tuple[int, int, int, int], Record] = {}  # (comm, rank, done kind, seq) -> v7 facts
+        self._done_seq: dict[int, int] = {}  # commHash -> highest collective seq finished (kernel evidence)
         self.records_read = 0
         self._ids: dict[tuple[object, ...], int] = {}  # memoised trace / span ids (hashing dominates)
 
@@ -346,6 +347,9 @@ class NativeReader:
                     rec.fields.update(user_tag=info.fields["user_tag"], kernel_variant=info.fields["kernel_variant"])
             if kind == ringmod.REC_KCH_DONE:
                 self._kchs.pop((rec.comm_hash, rec.rank, rec.fields["uid"]), None)
+            elif kind == ringmod.REC_COLL_DONE and not rec.flags & (ringmod.FLAG_CE | ringmod.FLAG_ABORTED) \
+                    and rec.seq != ringmod.SEQ_UNKNOWN:
+                self._done_seq[rec.comm_hash] = max(self._done_seq.get(rec.comm_hash, -1), rec.seq)
             if kind in (ringmod.REC_FLOW_DONE, ringmod.REC_KCH_DONE, ringmod.REC_COLL_DONE,
                         ringmod.REC_P2P_DONE) and self._hold(rec):
                 if kind == ringmod.REC_FLOW_DONE:
@@ -402,19 +406,24 @@ class NativeReader:
         kchs = self.in_flight_kernel_channels()
         if kchs:
             out.update({
-                schema.ATTR_HB_KCH_COMMS: [f"{r.comm_hash:016x}" for r in kchs],
-                schema.ATTR_HB_KCH_SEQS: [self._seq(r.comm_hash, r.seq) if r.seq != ringmod.SEQ_UNKNOWN else -1
+                schema.ATTR_HB_FLOW_KCH_COMMS: [f"{r.comm_hash:016x}" for r in kchs],
+                schema.ATTR_HB_FLOW_KCH_SEQS: [self._seq(r.comm_hash, r.seq) if r.seq != ringmod.SEQ_UNKNOWN else -1
                                           for r in kchs],
-                schema.ATTR_HB_KCH_CHANNELS: [int(r.fields["channel"]) for r in kchs],
-                schema.ATTR_HB_KCH_AGES_S: [round(max(0, now - r.start_ns) / 1e9, 3) for r in kchs],
+                schema.ATTR_HB_FLOW_KCH_CHANNELS: [int(r.fields["channel"]) for r in kchs],
+                schema.ATTR_HB_FLOW_KCH_AGES_S: [round(max(0, now - r.start_ns) / 1e9, 3) for r in kchs],
             })
+        if self._comm_info:
+            comms = sorted(self._comm_info)
+            out[schema.ATTR_HB_FLOW_NCOMM_COMMS] = [f"{c:016x}" for c in comms]
+            out[schema.ATTR_HB_FLOW_NCOMM_DONE_SEQS] = [self._seq(c, self._done_seq[c]) if c in self._done_seq else -1
+                                                        for c in comms]
         colls = self.in_flight_collectives()
         if colls:
             out.update({
-                schema.ATTR_HB_NCOLL_COMMS: [f"{r.comm_hash:016x}" for r in colls],
-                schema.ATTR_HB_NCOLL_SEQS: [self._seq(r.comm_hash, r.seq) for r in colls],
-                schema.ATTR_HB_NCOLL_FUNCS: [str(r.fields["func"]) for r in colls],
-                schema.ATTR_HB_NCOLL_KERNELS: [int(r.fields["children"]) for r in colls],
+                schema.ATTR_HB_FLOW_NCOLL_COMMS: [f"{r.comm_hash:016x}" for r in colls],
+                schema.ATTR_HB_FLOW_NCOLL_SEQS: [self._seq(r.comm_hash, r.seq) for r in colls],
+                schema.ATTR_HB_FLOW_NCOLL_FUNCS: [str(r.fields["func"]) for r in colls],
+                schema.ATTR_HB_FLOW_NCOLL_KERNELS: [int(r.fields["children"]) for r in colls],
             })
         if not flows:
             return out

@@ -228,15 +228,18 @@ ATTR_NCCL_KERNEL_VARIANT: Final = "mycroft.nccl.kernel_variant"  # the kernel th
 ATTR_NCCL_COPY_ENGINE: Final = "mycroft.nccl.copy_engine"  # bool: a copy-engine collective (CeColl event)
 ATTR_NCCL_KERNEL_PHASE: Final = "mycroft.nccl.kernel_phase"  # initial_sync | compute | final_sync
 ATTR_NCCL_STALE: Final = "mycroft.nccl.stale"  # bool: kernel channel whose stop never came (NCCL PR #2221)
-# in-flight kernel channels and collectives (parallel arrays): intra-node evidence without proxy events
-ATTR_HB_KCH_COMMS: Final = "mycroft.hb.kch.comms"  # NCCL commHash, hex
-ATTR_HB_KCH_SEQS: Final = "mycroft.hb.kch.seqs"  # NCCL seq of each channel's collective (-1: unknown)
-ATTR_HB_KCH_CHANNELS: Final = "mycroft.hb.kch.channels"  # NCCL channel id
-ATTR_HB_KCH_AGES_S: Final = "mycroft.hb.kch.ages_s"  # seconds since the kernel channel started
-ATTR_HB_NCOLL_COMMS: Final = "mycroft.hb.ncoll.comms"  # enqueued native collectives not finished yet
-ATTR_HB_NCOLL_SEQS: Final = "mycroft.hb.ncoll.seqs"  # NCCL seq of each enqueued collective
-ATTR_HB_NCOLL_FUNCS: Final = "mycroft.hb.ncoll.funcs"  # NCCL func name, e.g. AllReduce
-ATTR_HB_NCOLL_KERNELS: Final = "mycroft.hb.ncoll.kernels"  # kernel channels seen for it (started or done)
+# in-flight kernel channels and collectives (parallel arrays): intra-node evidence without proxy events;
+# named ATTR_HB_FLOW_* so the RCA's heartbeat fold (rca_service/state.py FLOW_KEYS) keeps them with the flows
+ATTR_HB_FLOW_KCH_COMMS: Final = "mycroft.hb.kch.comms"  # NCCL commHash, hex
+ATTR_HB_FLOW_KCH_SEQS: Final = "mycroft.hb.kch.seqs"  # NCCL seq of each channel's collective (-1: unknown)
+ATTR_HB_FLOW_KCH_CHANNELS: Final = "mycroft.hb.kch.channels"  # NCCL channel id
+ATTR_HB_FLOW_KCH_AGES_S: Final = "mycroft.hb.kch.ages_s"  # seconds since the kernel channel started
+ATTR_HB_FLOW_NCOLL_COMMS: Final = "mycroft.hb.ncoll.comms"  # enqueued native collectives not finished yet
+ATTR_HB_FLOW_NCOLL_SEQS: Final = "mycroft.hb.ncoll.seqs"  # NCCL seq of each enqueued collective
+ATTR_HB_FLOW_NCOLL_FUNCS: Final = "mycroft.hb.ncoll.funcs"  # NCCL func name, e.g. AllReduce
+ATTR_HB_FLOW_NCOLL_KERNELS: Final = "mycroft.hb.ncoll.kernels"  # kernel channels seen for it (started or done)
+ATTR_HB_FLOW_NCOMM_COMMS: Final = "mycroft.hb.ncomm.comms"  # every NCCL communicator of the rank, hex
+ATTR_HB_FLOW_NCOMM_DONE_SEQS: Final = "mycroft.hb.ncomm.done_seqs"  # highest collective seq finished in it (-1: none)
 ATTR_HB_FLOW_POSTED: Final = "mycroft.hb.flow.posted"  # parallel to ATTR_HB_FLOW_* above
 ATTR_HB_FLOW_RANKS: Final = "mycroft.hb.flow.ranks"  # rank owning the flow (differs under PXN)
 ATTR_HB_FLOW_PROXY_STATES: Final = "mycroft.hb.flow.proxy_states"  # last ProxyStep state per flow
@@ -248,6 +251,11 @@ FLOW_STATE_NOT_TRANSMITTED: Final = "not_transmitted"  # G > T
 FLOW_STATE_NOT_DELIVERED: Final = "not_delivered"  # T > D
 FLOW_STATE_GPU_NOT_READY: Final = "gpu_not_ready"  # G = T = D > 0, behind the peers
 FLOW_STATE_COMPLETE: Final = "complete"
+# where a collective stands on a rank when only kernel-channel evidence exists (intra-node, no proxy
+# events: rca_service/kernel_progress.py)
+KERNEL_STATE_RUNNING: Final = "kernel_running"  # its kernel started on the GPU and has not finished
+KERNEL_STATE_NOT_STARTED: Final = "kernel_not_started"  # enqueued, its kernel not started on the GPU
+KERNEL_STATE_NOT_ENQUEUED: Final = "not_enqueued"  # the rank's NCCL has not been given the collective
 
 # --------------------------------------------------------------------------------------
 # Collective summary span (collector_processor; belongs to the collective, no mycroft.rank)

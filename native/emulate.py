@@ -163,6 +163,50 @@ def job_scripts(nranks: int, channels: int, steps: int, fault: Fault | None, com
     return out
 
 
+INTRA_GPU = "gpu"  # the stalled rank enqueued the collective, its kernel never starts (GPU busy)
+INTRA_HOST = "host"  # the stalled rank never hands the collective to NCCL
+INTRA_TRANSPORT = "transport"  # every kernel starts, no channel finishes (NVLink / P2P / SHM stuck)
+
+
+def intra_node_allreduce(script: Script, ctx: int, rank: int, seq: int, channels: int,
+                         stall: str | None = None, stalled_rank: int = -1) -> None:
+    """What NCCL's profiler sees for an all-reduce on one node without the network transport:
+    the Coll and one KernelCh per channel, no ProxyOp / ProxyStep (nccl#1623, #1765)."""
+    if stall == INTRA_HOST and rank == stalled_rank:
+        return
+    coll = script.handle()
+    script.add("coll", coll, ctx, seq, "AllReduce", 1 << 20, "ncclFloat32", channels, "RING", "LL")
+    script.add("stop", coll)
+    if stall == INTRA_GPU and rank == stalled_rank:
+        return
+    kchs = []
+    for ch in range(channels):
+        kchs.append(script.handle())
+        script.add("kch", kchs[-1], ctx, coll, ch, 1_000_000 * seq + ch)
+    if stall is not None:  # the others wait inside the kernel for the stalled rank (or for the transport)
+        return
+    for ch, h in enumerate(kchs):
+        script.add("rec", h, KERNEL_CH_STOP, 1_000_000 * seq + ch + 700)
+        script.add("stop", h)
+
+
+def intra_node_scripts(nranks: int, channels: int, stall: str | None, stalled_rank: int = -1,
+                       comm_hash: int = 0x1A7A0001) -> list[str]:
+    """One script per rank: a clean all-reduce (seq 0), then seq 1 with the stall; pause; finalize."""
+    out = []
+    for rank in range(nranks):
+        script = Script()
+        script.add("init", 0, f"{comm_hash:x}", rank, nranks, 1, "intra")
+        intra_node_allreduce(script, 0, rank, 0, channels)
+        script.add("sleep", 40)
+        intra_node_allreduce(script, 0, rank, 1, channels, stall, stalled_rank)
+        script.add("sleep", 60)  # older than half a snapshot interval: in-flight snapshots include it
+        script.add("pause")
+        script.add("fin", 0)
+        out.append(script.text())
+    return out
+
+
 @dataclass(slots=True)
 class RankProcess:
     rank: int
@@ -206,11 +250,12 @@ def finish_rank(rank: RankProcess, timeout: float = 20.0) -> str:
 @contextmanager
 def emulated_job(workdir: Path, nranks: int, channels: int, steps: int, fault: Fault | None,
                  version: str = "v6", driver: Path = DRIVER, library: Path | None = None,
-                 versions: Sequence[str] | None = None) -> Iterator[list[RankProcess]]:
-    """All ranks of a ring all-reduce job, paused at their stall points; finalized on exit."""
+                 versions: Sequence[str] | None = None,
+                 scripts: Sequence[str] | None = None) -> Iterator[list[RankProcess]]:
+    """All ranks of a ring all-reduce job (or of `scripts`), paused at their stall points; finalized on exit."""
     ranks: list[RankProcess] = []
     try:
-        for rank, text in enumerate(job_scripts(nranks, channels, steps, fault)):
+        for rank, text in enumerate(scripts if scripts is not None else job_scripts(nranks, channels, steps, fault)):
             path = workdir / f"rank{rank}.script"
             path.write_text(text)
             ver = versions[rank % len(versions)] if versions else version

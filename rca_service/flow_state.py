@@ -23,6 +23,8 @@ from typing import Any
 
 from mycroft import schema
 
+from . import kernel_progress
+
 SIDE_SEND = "send"
 SIDE_RECV = "recv"
 SUSPECT_NETWORK = "network"
@@ -199,6 +201,8 @@ def classify_flows(heartbeat_attrs_by_rank: Mapping[int, Mapping[str, Any]],
     for rank, attrs in heartbeat_attrs_by_rank.items():
         for f in parse_flows(int(rank), attrs):
             flows[(f.comm, f.seq, f.channel, f.rank, f.send, f.peer)] = f
+    if not flows:  # one node without the network transport: no proxy events, kernel channels may tell
+        return [_kernel_finding(k) for k in kernel_progress.classify_kernels(heartbeat_attrs_by_rank, min_age_s)]
     # each rank's receive flow per (comm, seq, channel): the input its send forwards (first one
     # seen, as before); an index, not a scan per send: a 2,048-rank DP ring has 8k flows
     inputs: dict[tuple[str, int, int, int], _Flow] = {}
@@ -209,6 +213,14 @@ def classify_flows(heartbeat_attrs_by_rank: Mapping[int, Mapping[str, Any]],
     findings = [x for x in findings if x.state != schema.FLOW_STATE_COMPLETE]
     findings.sort(key=lambda x: (x.victim, _SEVERITY.get(x.state, 5), -x.age_s, x.rank, x.channel))
     return findings
+
+
+def _kernel_finding(k: kernel_progress.KernelFinding) -> FlowFinding:
+    """Kernel-channel evidence in the flow findings' shape (side "kernel", no peer, no counters)."""
+    return FlowFinding(rank=k.rank, peer=-1, comm=k.comm, seq=k.seq, channel=k.channels[0] if k.channels else -1,
+                       side=kernel_progress.SIDE_KERNEL, state=k.state, evidence=k.evidence,
+                       suspect_rank=k.rank if k.culprit else None, suspect_side=k.suspect_side,
+                       victim=not k.culprit, age_s=k.age_s)
 
 
 def culprits(findings: Sequence[FlowFinding]) -> list[FlowFinding]:

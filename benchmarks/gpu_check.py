@@ -17,12 +17,21 @@ receiver or RCA service, NCCL_PROFILER_PLUGIN = the plugin it builds first):
    what DDP's C++ all-reduce is seen through on NCCL);
 3. the same job with one rank stopped before a collective: the RCA service names it
    (not_entered) while the other waits in .item();
-4. the step time of the job without Mycroft (no instrumentation, no plugin) against job 2's.
+4. the step time of the job without Mycroft (no instrumentation, no plugin) against job 2's;
+5. the profiler ABI NCCL picked is the one its version should pick (2.27 v4, 2.28 v5, 2.29/2.30
+   v6, 2.31 v7), and the default event mask followed (no kernel-channel records on 2.31 unless
+   MYCROFT_NATIVE_KERNEL_CH=1; on 2.31 a run with it measures what KernelCh costs the step);
+6. chaining: job 2 again with MYCROFT_NCCL_PROFILER_CHAIN = the counting test plugin
+   (native/test/chained.c): every rank's chained plugin initialised, saw only its own contexts,
+   handles and parents, and counted at least as many Coll starts as Mycroft's ring has
+   collectives; with --inspector PATH (NCCL Inspector's libnccl-profiler-inspector.so, built
+   from NCCL's plugins/profiler/inspector) the same with the Inspector chained: it writes its
+   dumps and Mycroft's ring still fills.
 
 The verdict is "pass" when every check that could run passed, "fail" when one failed,
 "skipped" when nothing could run (no GPU, a CPU-only torch, an NCCL too old for the plugin:
 the output says which). Checks that cannot run here (e.g. 2 ranks on 1 GPU before NCCL 2.30)
-are listed with the reason. Written for torch 2.13 + NCCL 2.27-2.30; not run on a GPU yet.
+are listed with the reason. Written for torch 2.13 + NCCL 2.27-2.31; not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "benchmarks" / "jobs" / "gpu_job.py"
 BIN = Path(sys.executable).parent
-PLUGIN_ABI = ((2, 27), (2, 30))  # NCCL releases whose profiler ABI (v4-v6) the plugin exports; 2.31 uses v6
+PLUGIN_ABI = ((2, 27), (2, 31))  # NCCL releases whose profiler ABI (v4-v7) the plugin exports
 MULTI_RANK_GPU = (2, 30)
 
 
@@ -93,7 +102,7 @@ def why_not(env: dict[str, Any], backend: str) -> str | None:
         return f"torch {env['torch']} carries no usable NCCL"
     if tuple(env["_nccl_tuple"][:2]) < PLUGIN_ABI[0]:
         return (f"NCCL {env['nccl_version']} (from torch's wheel) is older than 2.27: the plugin exports the "
-                "profiler ABI v4-v6 only")
+                "profiler ABI v4-v7 only")
     return None
 
 
@@ -160,16 +169,64 @@ def run_job(nproc: int, args: list[str], env: dict[str, str], out: Path, instrum
 
 
 # ------------------------------------------------------------------------------ the checks (pure)
-def check_plugin(reports: list[dict[str, Any]], nranks: int) -> dict[str, Any]:
-    """Every rank's ring holds a communicator record: NCCL loaded the plugin (and which ABI)."""
+def expected_abi(nccl: tuple[int, ...] | None) -> int | None:
+    """The profiler ABI NCCL looks up first among the plugin's (v7 from 2.31; None: unknown NCCL)."""
+    if not nccl:
+        return None
+    minor = tuple(nccl[:2])
+    return 7 if minor >= (2, 31) else 6 if minor >= (2, 29) else 5 if minor >= (2, 28) else 4
+
+
+def kernel_channels_by_default(abi: int | None) -> bool:
+    """The plugin's default mask asks for KernelCh up to v6 (NCCL <= 2.30), not on v7 (4-13 %, nccl#2355)."""
+    return abi is None or abi <= 6
+
+
+def check_plugin(reports: list[dict[str, Any]], nranks: int, nccl: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Every rank's ring holds a communicator record: NCCL loaded the plugin, with the ABI its version picks."""
     comms = [c for r in reports for c in r.get("ring", {}).get("comms", [])]
     versions = sorted({c["api_version"] for c in comms})
-    ok = len(reports) == nranks and all(r.get("ring", {}).get("comms") for r in reports)
-    return {"ok": ok, "abi_versions": versions, "communicators": comms[:8],
-            "detail": "" if ok else "a rank's ring has no communicator record: NCCL did not load the plugin"}
+    loaded = len(reports) == nranks and all(r.get("ring", {}).get("comms") for r in reports)
+    want = expected_abi(nccl)
+    right = want is None or versions == [want]
+    detail = "" if loaded else "a rank's ring has no communicator record: NCCL did not load the plugin"
+    if loaded and not right:
+        detail = f"NCCL {'.'.join(map(str, nccl or ()))} picked ABI {versions}, expected v{want}"
+    return {"ok": loaded and right, "abi_versions": versions, "abi_expected": want, "communicators": comms[:8],
+            "detail": detail}
 
 
-def check_events(reports: list[dict[str, Any]], spans: list[Any], expect_flows: bool) -> dict[str, Any]:
+def check_chain(reports: list[dict[str, Any]], counts: list[dict[str, Any]], nranks: int) -> dict[str, Any]:
+    """The chained counting plugin ran beside Mycroft in every rank: its own contexts, handles and
+    parents only, and at least as many Coll starts as Mycroft's ring has collectives."""
+    by_pid = {int(c.get("pid", -1)): c for c in counts}
+    rows = []
+    for r in reports:
+        ring = r.get("ring", {})
+        suffix = str(ring.get("path", "")).rsplit("mycroft-nccl-", 1)[-1]
+        c = by_pid.get(int(suffix), {}) if suffix.isdigit() else {}
+        colls = int(ring.get("kinds", {}).get("coll_done", 0))
+        rows.append({"rank": r.get("rank"), "chained_inits": c.get("inits", 0), "chained_coll_starts":
+                     int(c.get("starts", {}).get("2", 0)), "mycroft_collectives": colls,
+                     "foreign": {k: c.get(k, 0) for k in ("bad_ctx", "bad_handle", "bad_parent")}})
+    ok = len(rows) == nranks and all(
+        row["chained_inits"] >= 1 and not any(row["foreign"].values())
+        and 0 < row["mycroft_collectives"] <= row["chained_coll_starts"] for row in rows)
+    return {"ok": ok, "ranks": rows,
+            "detail": "" if ok else "a rank's chained plugin did not run, saw a handle not its own, or missed calls"}
+
+
+def check_inspector(reports: list[dict[str, Any]], dump_dir: Path) -> dict[str, Any]:
+    """NCCL Inspector chained behind Mycroft wrote its dumps, and Mycroft's rings still filled."""
+    dumps = [p for p in dump_dir.rglob("*") if p.is_file() and p.stat().st_size > 0] if dump_dir.exists() else []
+    colls = sum(int(r.get("ring", {}).get("kinds", {}).get("coll_done", 0)) for r in reports)
+    ok = bool(dumps) and colls > 0
+    return {"ok": ok, "inspector_files": [str(p.relative_to(dump_dir)) for p in dumps[:8]],
+            "mycroft_collectives": colls, "detail": "" if ok else "no Inspector dump, or no Mycroft records"}
+
+
+def check_events(reports: list[dict[str, Any]], spans: list[Any], expect_flows: bool,
+                 expect_kernel: bool = True) -> dict[str, Any]:
     from mycroft import schema
 
     kinds: dict[str, int] = {}
@@ -180,13 +237,16 @@ def check_events(reports: list[dict[str, Any]], spans: list[Any], expect_flows: 
     for s in spans:
         if s.kind in (schema.KIND_NATIVE_COLL, schema.KIND_NATIVE_FLOW, schema.KIND_NATIVE_KERNEL_CHANNEL):
             by_span[s.kind] = by_span.get(s.kind, 0) + 1
-    need = ["coll_done", "kernel_channel"] + (["flow_done"] if expect_flows else [])
+    need = ["coll_done"] + (["kernel_channel"] if expect_kernel else []) + (["flow_done"] if expect_flows else [])
     missing = [k for k in need if not kinds.get(k)]
+    unasked = [] if expect_kernel or not kinds.get("kernel_channel") else ["kernel_channel"]
     dropped = sum(r.get("ring", {}).get("dropped_records", 0) + r.get("ring", {}).get("dropped_events", 0)
                   for r in reports)
-    return {"ok": not missing and bool(by_span.get(schema.KIND_NATIVE_COLL)), "ring_records": kinds,
-            "native_spans": by_span, "dropped": dropped,
-            "detail": f"no {', '.join(missing)} records in the rings" if missing else ""}
+    detail = f"no {', '.join(missing)} records in the rings" if missing else ""
+    if unasked:
+        detail = "kernel_channel records although the default mask leaves KernelCh off on this NCCL"
+    return {"ok": not missing and not unasked and bool(by_span.get(schema.KIND_NATIVE_COLL)), "ring_records": kinds,
+            "native_spans": by_span, "dropped": dropped, "detail": detail}
 
 
 def check_join(spans: list[Any]) -> dict[str, Any]:
@@ -281,8 +341,8 @@ def verdict(checks: dict[str, dict[str, Any]]) -> str:
 def build_plugin() -> Path:
     from mycroft.native import PACKAGE_DIR, library_path
 
-    if shutil.which("make"):
-        subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), "all"], check=True, capture_output=True)
+    if shutil.which("make"):  # the plugin and the counting plugin the chaining check chains
+        subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), "all", "chain"], check=True, capture_output=True)
     else:
         subprocess.run([sys.executable, "-m", "mycroft.cli", "native", "build"], check=True, capture_output=True)
     return library_path()
@@ -330,7 +390,54 @@ def hang_check(backend: str, plugin: Path, layout: dict[str, str], work: Path, s
             "evidence": str(top.get("evidence", {}).get("text", ""))[:300]}
 
 
-def run(backend: str, steps: int, kernel_s: float) -> dict[str, Any]:
+def chain_checks(backend: str, plugin: Path, layout: dict[str, str], endpoint: str, work: Path, steps: int,
+                 inspector: Path | None) -> dict[str, dict[str, Any]]:
+    """Item 6: the counting plugin chained (and NCCL Inspector, when given)."""
+    from mycroft.native import BUILD_DIR
+
+    counter = BUILD_DIR / "libchain_counter.so"
+    checks: dict[str, dict[str, Any]] = {}
+    if not counter.exists():
+        checks["chained_plugin_runs_beside"] = {"ok": None, "skipped": "no make: the counting plugin is not built"}
+    else:
+        out = work / "chain"
+        out.mkdir()
+        env = job_env(endpoint, "gpu-check-chain", plugin, {
+            **layout, "MYCROFT_NCCL_PROFILER_CHAIN": str(counter), "CHAIN_COUNTER_OUT": str(out / "counts-%p.json")})
+        code, reports, tail = run_job(2, ["--backend", backend, "--steps", str(steps)], env, out / "job")
+        counts = [json.loads(p.read_text()) for p in sorted(out.glob("counts-*.json")) if p.read_text()]
+        checks["chained_plugin_runs_beside"] = check_chain(reports, counts, 2) if code == 0 else \
+            {"ok": False, "detail": tail}
+    if inspector is None:
+        checks["inspector_chained"] = {"ok": None, "skipped": "no --inspector PATH given"}
+    else:
+        dump = work / "inspector-dump"
+        env = job_env(endpoint, "gpu-check-inspector", plugin, {
+            **layout, "MYCROFT_NCCL_PROFILER_CHAIN": str(inspector), "NCCL_INSPECTOR_ENABLE": "1",
+            "NCCL_INSPECTOR_DUMP_DIR": str(dump), "NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES": "0"})
+        code, reports, tail = run_job(2, ["--backend", backend, "--steps", str(steps)], env, work / "inspector")
+        checks["inspector_chained"] = check_inspector(reports, dump) if code == 0 else {"ok": False, "detail": tail}
+    return checks
+
+
+def kernel_ch_cost(backend: str, plugin: Path, layout: dict[str, str], endpoint: str, work: Path, steps: int,
+                   default_reports: list[dict[str, Any]], abi: int | None) -> dict[str, dict[str, Any]]:
+    """Item 5 on NCCL >= 2.31: KernelCh asked for (MYCROFT_NATIVE_KERNEL_CH=1) comes, and what it costs."""
+    if abi is None or abi < 7:
+        skipped = {"ok": None, "skipped": "KernelCh is in the default mask before NCCL 2.31"}
+        return {"kernel_channels_on_request": skipped, "kernel_ch_cost_2_31": dict(skipped)}
+    env = job_env(endpoint, "gpu-check-kch", plugin, {**layout, "MYCROFT_NATIVE_KERNEL_CH": "1"})
+    code, reports, tail = run_job(2, ["--backend", backend, "--steps", str(steps)], env, work / "kch")
+    if code != 0:
+        return {"kernel_channels_on_request": {"ok": False, "detail": tail}}
+    kinds = sum(int(r.get("ring", {}).get("kinds", {}).get("kernel_channel", 0)) for r in reports)
+    cost = check_overhead(default_reports, reports)  # the default run is the baseline here
+    cost["note"] = "step time with KernelCh over without it, both traced (nccl#2355: 4.3-13.3 % on 2.31.2)"
+    return {"kernel_channels_on_request": {"ok": kinds > 0, "kernel_channel_records": kinds},
+            "kernel_ch_cost_2_31": cost}
+
+
+def run(backend: str, steps: int, kernel_s: float, inspector: Path | None = None) -> dict[str, Any]:
     from mycroft.otlp_server import OtlpReceiver
 
     started = time.monotonic()
@@ -355,13 +462,16 @@ def run(backend: str, steps: int, kernel_s: float) -> dict[str, Any]:
             code, reports, tail = run_job(1, ["--backend", backend, "--steps", "20"],
                                           job_env(endpoint, "gpu-check-1rank", plugin, {}), work / "one")
             checks["one_rank_job"] = {"ok": code == 0, "detail": "" if code == 0 else tail}
-            checks["plugin_loads_1_rank"] = check_plugin(reports, 1)
+            nccl = env["_nccl_tuple"] if backend == "nccl" else None
+            abi = expected_abi(nccl)
+            checks["plugin_loads_1_rank"] = check_plugin(reports, 1, nccl)
             # 2. two ranks, NET transport: events, join, long kernel, device timing
             layout, how = two_rank_layout(env, backend)
             if layout is None:
                 for name in ("two_rank_job", "events_reach_the_ring", "native_spans_join_python_trace",
                              "collective_behind_long_kernel", "completion_from_device", "flight_recorder_frontier",
-                             "hang_named_by_rca", "step_time_overhead"):
+                             "hang_named_by_rca", "step_time_overhead", "chained_plugin_runs_beside",
+                             "inspector_chained", "kernel_channels_on_request", "kernel_ch_cost_2_31"):
                     checks[name] = {"ok": None, "skipped": how}
             else:
                 sink.records.clear()
@@ -372,8 +482,9 @@ def run(backend: str, steps: int, kernel_s: float) -> dict[str, Any]:
                 checks["two_rank_job"] = {"ok": code == 0, "layout": how, "detail": "" if code == 0 else tail}
                 time.sleep(2.0)  # the exporters' last batches
                 spans = sink.snapshot()
-                checks["plugin_loads_2_ranks"] = check_plugin(reports, 2)
-                checks["events_reach_the_ring"] = check_events(reports, spans, expect_flows=True)
+                checks["plugin_loads_2_ranks"] = check_plugin(reports, 2, nccl)
+                checks["events_reach_the_ring"] = check_events(reports, spans, expect_flows=True,
+                                                               expect_kernel=kernel_channels_by_default(abi))
                 checks["native_spans_join_python_trace"] = check_join(spans)
                 checks["collective_behind_long_kernel"] = check_long_kernel(spans, reports, kernel_step + 1, kernel_s)
                 checks["completion_from_device"] = check_device_timing(spans)
@@ -384,6 +495,10 @@ def run(backend: str, steps: int, kernel_s: float) -> dict[str, Any]:
                                             instrumented=False)
                 checks["step_time_overhead"] = check_overhead(plain, reports) if code == 0 else \
                     {"ok": False, "detail": tail}
+                # 5. on 2.31: KernelCh on request, and its cost
+                checks.update(kernel_ch_cost(backend, plugin, layout, endpoint, work, steps, reports, abi))
+                # 6. chaining: the counting plugin (and NCCL Inspector) beside Mycroft
+                checks.update(chain_checks(backend, plugin, layout, endpoint, work, min(steps, 60), inspector))
                 # 3. one rank stops before a collective: the RCA names it
                 checks["hang_named_by_rca"] = hang_check(backend, plugin, layout, work, steps)
         finally:
@@ -400,9 +515,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="nccl: the GPU(s) here; nccl_like: the CPU simulator (the checks' own test)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--kernel-seconds", type=float, default=0.3)
+    parser.add_argument("--inspector", type=Path, default=None,
+                        help="NCCL Inspector's libnccl-profiler-inspector.so: also check it chained behind Mycroft")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = run(args.backend, args.steps, args.kernel_seconds)
+    result = run(args.backend, args.steps, args.kernel_seconds, args.inspector)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     if args.out:

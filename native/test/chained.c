@@ -2,8 +2,9 @@
  * A second profiler plugin for the chaining tests (MYCROFT_NCCL_PROFILER_CHAIN): it counts every
  * call it receives and checks that what it is handed is its own (contexts, handles, parents),
  * the way NCCL Inspector or any other plugin would rely on. Exports ncclProfiler_v7 and
- * ncclProfiler_v6 (built with -DONLY_V6: v6 alone). When the process exits it writes its counts
- * as JSON to $CHAIN_COUNTER_OUT.
+ * ncclProfiler_v6; built with -DONLY_V6, -DONLY_V5 or -DONLY_V4 it exports that one table alone
+ * (NCCL Inspector of 2.28-2.30 exports v5). When the process exits it writes its counts as JSON to
+ * $CHAIN_COUNTER_OUT ("%p" in it: the pid).
  *
  *   CHAIN_COUNTER_MASK=0x...     the event mask its init asks for (default: every event)
  *   CHAIN_COUNTER_FAIL_INIT=1    init fails (Mycroft must carry on alone)
@@ -34,7 +35,7 @@ typedef struct {
 static ev_t* evs;
 static _Atomic uint32_t nev;
 static _Atomic uint64_t starts[16], stops[16], records[32];
-static _Atomic uint64_t inits, inits_failed, finalizes, calls_v6, calls_v7;
+static _Atomic uint64_t inits, inits_failed, finalizes, calls_v4, calls_v5, calls_v6, calls_v7;
 static _Atomic uint64_t bad_ctx, bad_handle, bad_parent, pxn_parent, null_handles_given;
 
 static int bit_of(uint64_t type) {
@@ -50,6 +51,7 @@ static int is_ours(const void* p) {
 
 static mcNcclResult_t c_init(void** context, uint64_t commId, int* mask, const char* name, int nNodes, int nranks,
                              int rank, mcNcclDebugLogger_t logfn) {
+  if (!context || !mask) return mcNcclInvalidArgument;
   (void)commId, (void)name, (void)nNodes, (void)nranks, (void)rank, (void)logfn;
   if (getenv("CHAIN_COUNTER_FAIL_INIT")) {
     atomic_fetch_add(&inits_failed, 1);
@@ -90,13 +92,36 @@ static void start_common(void* context, void** eHandle, uint64_t type, void* par
   *eHandle = &evs[i];
 }
 
+#if defined(ONLY_V4)
+static mcNcclResult_t c_init_v4(void** context, int* mask, const char* name, uint64_t hash, int nNodes, int nranks,
+                                int rank, mcNcclDebugLogger_t logfn) {
+  return c_init(context, hash, mask, name, nNodes, nranks, rank, logfn);
+}
+
+static mcNcclResult_t c_start_v4(void* context, void** eHandle, mcNcclProfilerEventDescr_v4_t* d) {
+  atomic_fetch_add(&calls_v4, 1);
+  start_common(context, eHandle, d->type, d->parentObj, &d->coll);
+  return mcNcclSuccess;
+}
+#endif
+
+#if defined(ONLY_V5)
+static mcNcclResult_t c_start_v5(void* context, void** eHandle, mcNcclProfilerEventDescr_v5_t* d) {
+  atomic_fetch_add(&calls_v5, 1);
+  start_common(context, eHandle, d->type, d->parentObj, &d->coll);
+  return mcNcclSuccess;
+}
+#endif
+
+#if !defined(ONLY_V4) && !defined(ONLY_V5)
 static mcNcclResult_t c_start_v6(void* context, void** eHandle, mcNcclProfilerEventDescr_v6_t* d) {
   atomic_fetch_add(&calls_v6, 1);
   start_common(context, eHandle, d->type, d->parentObj, &d->coll);
   return mcNcclSuccess;
 }
+#endif
 
-#ifndef ONLY_V6
+#if !defined(ONLY_V4) && !defined(ONLY_V5) && !defined(ONLY_V6)
 static mcNcclResult_t c_start_v7(void* context, void** eHandle, mcNcclProfilerEventDescr_v7_t* d) {
   atomic_fetch_add(&calls_v7, 1);
   start_common(context, eHandle, d->type, d->parentObj, &d->coll);
@@ -127,11 +152,18 @@ static mcNcclResult_t c_record(void* h, mcNcclProfilerEventState_t s, mcNcclProf
 static void dump(void) {
   const char* out = getenv("CHAIN_COUNTER_OUT");
   if (!out) return;
-  FILE* f = fopen(out, "w");
+  char path[4096];
+  const char* pp = strstr(out, "%p");
+  if (pp)
+    snprintf(path, sizeof path, "%.*s%d%s", (int)(pp - out), out, (int)getpid(), pp + 2);
+  else
+    snprintf(path, sizeof path, "%s", out);
+  FILE* f = fopen(path, "w");
   if (!f) return;
-  fprintf(f, "{\"inits\": %lu, \"inits_failed\": %lu, \"finalizes\": %lu, \"calls_v6\": %lu, \"calls_v7\": %lu",
-          (unsigned long)inits, (unsigned long)inits_failed, (unsigned long)finalizes, (unsigned long)calls_v6,
-          (unsigned long)calls_v7);
+  fprintf(f, "{\"pid\": %d, \"inits\": %lu, \"inits_failed\": %lu, \"finalizes\": %lu", (int)getpid(),
+          (unsigned long)inits, (unsigned long)inits_failed, (unsigned long)finalizes);
+  fprintf(f, ", \"calls_v4\": %lu, \"calls_v5\": %lu, \"calls_v6\": %lu, \"calls_v7\": %lu", (unsigned long)calls_v4,
+          (unsigned long)calls_v5, (unsigned long)calls_v6, (unsigned long)calls_v7);
   fprintf(f, ", \"bad_ctx\": %lu, \"bad_handle\": %lu, \"bad_parent\": %lu, \"pxn_parent\": %lu",
           (unsigned long)bad_ctx, (unsigned long)bad_handle, (unsigned long)bad_parent, (unsigned long)pxn_parent);
   const char* names[3] = {"starts", "stops", "records"};
@@ -168,9 +200,17 @@ __attribute__((destructor)) static void at_exit(void) { /* after every finalize,
   free(evs);
 }
 
+#if defined(ONLY_V4)
+EXPORT const mcNcclProfiler_v4_t ncclProfiler_v4 = {"CountingPlugin", c_init_v4, c_start_v4, c_stop, c_record,
+                                                    c_finalize};
+#elif defined(ONLY_V5)
+EXPORT const mcNcclProfiler_v5_t ncclProfiler_v5 = {"CountingPlugin", c_init, c_start_v5, c_stop, c_record,
+                                                    c_finalize};
+#else
 EXPORT const mcNcclProfiler_v6_t ncclProfiler_v6 = {"CountingPlugin", c_init, c_start_v6, c_stop, c_record,
                                                     c_finalize};
 #ifndef ONLY_V6
 EXPORT const mcNcclProfiler_v7_t ncclProfiler_v7 = {"CountingPlugin", c_init, c_start_v7, c_stop, c_record,
                                                     c_finalize};
+#endif
 #endif

@@ -92,3 +92,42 @@ def test_on_a_machine_without_a_gpu_it_says_so_and_skips() -> None:
     result = json.loads(proc.stdout)
     assert result["verdict"] == "skipped" and result["ran_on_gpu"] is False
     assert "no CUDA" in result["reason"] and result["checks"] == {}
+
+
+def test_abi_expected_per_nccl_version_and_the_default_kernel_channel_mask() -> None:
+    assert [gpu_check.expected_abi(v) for v in ((2, 27, 3), (2, 28, 9), (2, 29, 7), (2, 30, 7), (2, 31, 2))] == [
+        4, 5, 6, 6, 7]
+    assert gpu_check.expected_abi(None) is None
+    assert gpu_check.kernel_channels_by_default(6) and not gpu_check.kernel_channels_by_default(7)
+    assert gpu_check.why_not(_env(_nccl_tuple=(2, 31, 2), nccl_version="2.31.2"), "nccl") is None
+    reports = [{"rank": r, "ring": {"comms": [{"api_version": 6}]}} for r in (0, 1)]
+    assert gpu_check.check_plugin(reports, 2, (2, 30, 7))["ok"]
+    wrong = gpu_check.check_plugin(reports, 2, (2, 31, 2))  # 2.31 must have picked v7
+    assert not wrong["ok"] and wrong["abi_expected"] == 7 and "expected v7" in wrong["detail"]
+    # 2.31's default mask: no kernel-channel records expected, and any that come are a failure
+    spans = [_span(schema.KIND_NATIVE_COLL, 0, 1, 1, 0, 1)]
+    no_kch = [{"rank": 0, "ring": {"kinds": {"coll_done": 3, "flow_done": 6}}}]
+    assert gpu_check.check_events(no_kch, spans, expect_flows=True, expect_kernel=False)["ok"]
+    assert not gpu_check.check_events(no_kch, spans, expect_flows=True)["ok"]
+    with_kch = [{"rank": 0, "ring": {"kinds": {"coll_done": 3, "flow_done": 6, "kernel_channel": 3}}}]
+    assert not gpu_check.check_events(with_kch, spans, expect_flows=True, expect_kernel=False)["ok"]
+
+
+def test_chain_check_matches_ranks_by_pid_and_fails_on_foreign_handles_or_missed_calls() -> None:
+    reports = [{"rank": r, "ring": {"path": f"/dev/shm/mycroft-nccl-{100 + r}", "kinds": {"coll_done": 40}}}
+               for r in (0, 1)]
+    counts = [{"pid": 100 + r, "inits": 1, "starts": {"2": 41}, "bad_ctx": 0, "bad_handle": 0, "bad_parent": 0}
+              for r in (0, 1)]
+    assert gpu_check.check_chain(reports, counts, 2)["ok"]
+    assert not gpu_check.check_chain(reports, counts[:1], 2)["ok"]  # rank 1's chained plugin never ran
+    assert not gpu_check.check_chain(reports, [counts[0], {**counts[1], "bad_handle": 2}], 2)["ok"]
+    assert not gpu_check.check_chain(reports, [counts[0], {**counts[1], "starts": {"2": 39}}], 2)["ok"]
+
+
+def test_inspector_check_needs_its_dumps_and_mycroft_records(tmp_path: Path) -> None:
+    reports = [{"rank": 0, "ring": {"kinds": {"coll_done": 5}}}]
+    assert not gpu_check.check_inspector(reports, tmp_path / "none")["ok"]
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "rank0.log").write_text('{"coll": "AllReduce"}\n')
+    assert gpu_check.check_inspector(reports, tmp_path / "dump")["ok"]
+    assert not gpu_check.check_inspector([{"rank": 0, "ring": {"kinds": {}}}], tmp_path / "dump")["ok"]

@@ -18,8 +18,8 @@ from .conftest import make
 from .test_edges import _pid_of, _replay
 
 JOB = "job-chain"
-COUNTER = BUILD_DIR / "libchain_counter.so"
-COUNTER_V6 = BUILD_DIR / "libchain_counter_v6.so"
+COUNTERS = {"v7": BUILD_DIR / "libchain_counter.so",  # exports v7 and v6
+            **{f"v{n}": BUILD_DIR / f"libchain_counter_v{n}.so" for n in (4, 5, 6)}}  # that table alone
 
 # API and group events only the chained plugin keeps, a collective with a kernel channel and a
 # phase, a flow with steps, a PXN flow (foreign parent), a CE collective with a CeSync child, and
@@ -102,9 +102,9 @@ def expected(script: str, bits: int) -> dict[str, dict[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def counters(built: Path) -> tuple[Path, Path]:
+def counters(built: Path) -> dict[str, Path]:
     make("chain")
-    return COUNTER, COUNTER_V6
+    return COUNTERS
 
 
 def _run(tmp_path: Path, ring_dir: Path, version: str, chained: Path | str, extra: dict[str, str] | None = None,
@@ -126,16 +126,20 @@ def _mycroft_view(spans: list) -> Counter[str]:
     return Counter(str(s.attributes[schema.ATTR_SPAN_KIND]) for s in spans)
 
 
-@pytest.mark.parametrize(("version", "lib", "table"), [("v7", "v7", "v7"), ("v7", "v6", "v6"), ("v6", "v7", "v6")])
-def test_chained_plugin_gets_every_call_with_its_own_handles(counters: tuple[Path, Path], ring_dir: Path,
+@pytest.mark.parametrize(("version", "lib", "table"), [
+    ("v7", "v7", "v7"), ("v7", "v6", "v6"), ("v6", "v7", "v6"),
+    ("v7", "v5", "v5"),  # NCCL 2.31 calling Mycroft, NCCL Inspector of 2.28-2.30 (a v5 plugin) chained
+    ("v7", "v4", "v4"), ("v6", "v5", "v5"),
+])
+def test_chained_plugin_gets_every_call_with_its_own_handles(counters: dict[str, Path], ring_dir: Path,
                                                             tmp_path: Path, version: str, lib: str,
                                                             table: str) -> None:
-    counts, spans = _run(tmp_path, ring_dir, version, counters[0] if lib == "v7" else counters[1])
+    counts, spans = _run(tmp_path, ring_dir, version, counters[lib])
     want = expected(SCRIPT, BITS[version] & BITS[table])
     assert {k: counts[k] for k in want} == want
     assert counts["inits"] == counts["finalizes"] == 1
     assert counts[f"calls_{table}"] == sum(want["starts"].values())  # the table Mycroft picked
-    assert counts["calls_v7" if table == "v6" else "calls_v6"] == 0
+    assert sum(counts[f"calls_v{n}"] for n in (4, 5, 6, 7)) == counts[f"calls_{table}"]
     # its own context, handles and parents every time; only the PXN flow's parent is foreign
     assert (counts["bad_ctx"], counts["bad_handle"], counts["bad_parent"], counts["pxn_parent"]) == (0, 0, 0, 1)
     alone, alone_spans = _run(tmp_path, ring_dir, version, "")
@@ -143,20 +147,20 @@ def test_chained_plugin_gets_every_call_with_its_own_handles(counters: tuple[Pat
     assert _mycroft_view(spans) == _mycroft_view(alone_spans)  # chaining changes nothing Mycroft records
 
 
-def test_chained_plugin_older_than_every_table_leaves_mycroft_alone(counters: tuple[Path, Path], ring_dir: Path,
+def test_chained_plugin_older_than_every_table_leaves_mycroft_alone(counters: dict[str, Path], ring_dir: Path,
                                                                     tmp_path: Path) -> None:
     """NCCL 2.28 calls Mycroft's v5; the counter exports only v6/v7: nothing to chain to."""
     script = SCRIPT.replace("collx 4 0 0 AllReduce 1024 ncclFloat32 2 RING SIMPLE 5 0 -",
                             "coll 4 0 0 AllReduce 1024 ncclFloat32 2 RING SIMPLE")
-    counts, spans = _run(tmp_path, ring_dir, "v5", counters[0], script=script)
+    counts, spans = _run(tmp_path, ring_dir, "v5", counters["v7"], script=script)
     assert counts["inits"] == 0 and counts.get("starts") == {}
     assert _mycroft_view(spans)[schema.KIND_NATIVE_COLL] == 2
 
 
 @pytest.mark.parametrize("failure", ["init", "missing"])
-def test_a_failing_chained_plugin_never_disables_mycroft(counters: tuple[Path, Path], ring_dir: Path,
+def test_a_failing_chained_plugin_never_disables_mycroft(counters: dict[str, Path], ring_dir: Path,
                                                          tmp_path: Path, failure: str) -> None:
-    lib = counters[0] if failure == "init" else tmp_path / "no-such-plugin.so"
+    lib = counters["v7"] if failure == "init" else tmp_path / "no-such-plugin.so"
     counts, spans = _run(tmp_path, ring_dir, "v7", lib, {"CHAIN_COUNTER_FAIL_INIT": "1"} if failure == "init" else {})
     if failure == "init":
         assert counts["inits_failed"] == 1 and counts["inits"] == 0 and counts["starts"] == {}

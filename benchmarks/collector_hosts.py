@@ -27,6 +27,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -221,6 +222,7 @@ def run_once(engine: str, requests: list[Any], spans: int, expected_summaries: i
             proc.kill()
             out = ""
         server.stop(0)
+        shutil.rmtree(workdir, ignore_errors=True)
     stopped = [json.loads(line) for line in out.splitlines() if line.startswith("{") and '"stopped"' in line]
     counters = stopped[-1].get("counters", {}) if stopped else {}
     result["shed"] = {k: v for k, v in counters.items() if (k.startswith("dropped_") or k == "unjoined_overload") and v}

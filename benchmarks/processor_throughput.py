@@ -147,7 +147,8 @@ def bench_deployment(mode: str, batches: list[list[SpanRecord]], expected_summar
                    "--max-backlog", str(10 ** 7)]  # measure capacity: no shedding
     else:
         grpc_port, http_port = free_port(), free_port()
-        command = [str(BIN / "mycroft"), "collector", "run", "--otlp-grpc", f"127.0.0.1:{grpc_port}",
+        command = [str(BIN / "mycroft"), "collector", "run", "--engine", "rotel",
+                   "--otlp-grpc", f"127.0.0.1:{grpc_port}",
                    "--otlp-http", f"127.0.0.1:{http_port}", "--export", export, "--linger", "0.05",
                    "--workdir", workdir]
         env["MYCROFT_PROCESSOR_BUSY"] = "1.0"  # measure capacity: no shedding

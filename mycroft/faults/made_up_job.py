@@ -1,22 +1,39 @@
-"""Span records of a made-up job, built only from schema constants.
+"""Span records of a made-up job, encoded by the instrumentation's own encoders.
 
-Unit tests and the 16k-rank analysis benchmark use these to exercise the engine
-without processes; they follow the contract the instrumentation emits.
+Unit tests, the service-level tests and the 16k-rank analysis benchmark use these to exercise
+the engine without processes. The op spans come from instrumentation.spans.op_span and the
+heartbeats from spans.heartbeat_attributes / heartbeat_span, fed the same GroupInfo / OpRecord
+objects a rank's recorder holds; what the runtime adds to a heartbeat beside them (dropped,
+comm_s, ops_done, phase) and the resource it sends are added here as in runtime.Runtime, and
+tests/faults/test_made_up_job.py pins both to a real rank's spans, key by key.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mycroft import schema
+from mycroft.instrumentation.digest import SignatureDigests
+from mycroft.instrumentation.groups import DEVICE_ASYNC_BACKENDS, GroupInfo
+from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
 from mycroft.otlp import AttrValue, SpanRecord
+
+C10D_API = "torch.distributed."  # instrumentation.patching.C10D_PREFIX (that module is the patching itself)
+_ROOTED = frozenset({schema.OP_BROADCAST, schema.OP_REDUCE, schema.OP_GATHER, schema.OP_SCATTER})
 
 
 def resource(job: str, rank: int, world: int, pid: int | None = None) -> dict[str, AttrValue]:
+    """What Runtime._resource sends for a torchrun rank (startup.launch_resource plus the run id):
+    one node, every rank on it."""
     return {
-        schema.RES_SERVICE_NAME: job, schema.RES_JOB_ID: job, schema.RES_RANK: rank,
-        schema.RES_WORLD_SIZE: world, schema.RES_HOST_NAME: "host0", schema.RES_PROCESS_PID: pid or 1000 + rank,
+        schema.RES_SERVICE_NAME: job, schema.RES_JOB_ID: job, schema.RES_RUN_ID: f"{job}.0", schema.RES_RANK: rank,
+        schema.RES_WORLD_SIZE: world, schema.RES_LOCAL_RANK: rank, schema.RES_HOST_NAME: "host0",
+        schema.RES_PROCESS_PID: pid or 1000 + rank, schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
+        schema.RES_LAUNCHER: "torchrun", schema.RES_NODE_RANK: 0, schema.RES_LOCAL_WORLD_SIZE: world,
     }
 
 
@@ -24,50 +41,62 @@ def resource(job: str, rank: int, world: int, pid: int | None = None) -> dict[st
 class Group:
     name: str
     ranks: tuple[int, ...]
+    backend: str = "gloo"  # "nccl": a device-async group (its heartbeats carry returned / FR frontier)
     id: str = field(init=False)
     encoded: str = field(init=False)
     index: dict[int, int] = field(init=False)
+    _members: dict[int, GroupInfo] = field(init=False)
 
     def __post_init__(self) -> None:  # computed once: a 16k-member group is hashed per span otherwise
         self.id = schema.group_id(self.name, self.ranks)
         self.encoded = schema.encode_ranks(self.ranks)
         self.index = {r: i for i, r in enumerate(self.ranks)}
+        self._members = {}
+
+    def member(self, rank: int) -> GroupInfo:
+        """The GroupInfo a member's recorder holds for this group (one per rank, kept)."""
+        info = self._members.get(rank)
+        if info is None:
+            info = self._members[rank] = GroupInfo(
+                gid=self.id, name=self.name, desc="", ranks=self.ranks, ranks_text=self.encoded,
+                group_rank=self.index.get(rank, -1), backend=self.backend, pg=None,
+                device_async=self.backend in DEVICE_ASYNC_BACKENDS)
+        return info
+
+
+def _record(group: Group, rank: int, op: str, seq: int, start: float, end: float, nbytes: int, dtype: str,
+            state: str) -> OpRecord:
+    record = OpRecord(C10D_API + op, op, group.member(rank), seq, int(start * 1e9))
+    record.end_ns = int(end * 1e9)
+    record.call_end_ns = record.end_ns if record.device else 0
+    record.bytes = nbytes
+    record.dtype = dtype
+    record.state = state  # no reduce_op: the recorder has one only where the call passed op=
+    if op in _ROOTED:
+        record.root = group.ranks[0]
+    if state in (schema.STATE_ERROR, schema.STATE_TIMEOUT):
+        record.error = f"{op} {state}"
+    return record
+
+
+def _with_resource(span: SpanRecord, job: str, rank: int, world: int) -> SpanRecord:
+    span.resource = resource(job, rank, world)
+    return span
 
 
 def collective(job: str, rank: int, world: int, group: Group, seq: int, start: float, end: float,
                op: str = schema.OP_ALL_REDUCE, nbytes: int = 4096, dtype: str = "float32",
                state: str = schema.STATE_COMPLETED) -> SpanRecord:
-    trace = schema.collective_trace_id(job, group.id, seq)
-    return SpanRecord(
-        trace_id=trace, span_id=schema.rank_span_id(trace, rank), name=op,
-        start_ns=int(start * 1e9), end_ns=int(end * 1e9),
-        attributes={
-            schema.ATTR_SPAN_KIND: schema.KIND_COLLECTIVE, schema.ATTR_OP: op,
-            schema.ATTR_GROUP_ID: group.id, schema.ATTR_GROUP_NAME: group.name,
-            schema.ATTR_GROUP_SIZE: len(group.ranks), schema.ATTR_GROUP_RANKS: group.encoded,
-            schema.ATTR_GROUP_RANK: group.index[rank], schema.ATTR_SEQ: seq,
-            schema.ATTR_BYTES: nbytes, schema.ATTR_DTYPE: dtype, schema.ATTR_STATE: state,
-        },
-        resource=resource(job, rank, world),
-    )
+    record = _record(group, rank, op, seq, start, end, nbytes, dtype, state)
+    return _with_resource(op_span(record, job, rank), job, rank, world)
 
 
 def p2p(job: str, rank: int, world: int, group: Group, op: str, peer: int, seq: int, start: float,
         end: float, nbytes: int = 4096) -> SpanRecord:
-    src, dst = (rank, peer) if op == schema.OP_SEND else (peer, rank)
-    trace = schema.p2p_trace_id(job, group.id, src, dst, seq)
-    return SpanRecord(
-        trace_id=trace, span_id=schema.rank_span_id(trace, rank), name=op,
-        start_ns=int(start * 1e9), end_ns=int(end * 1e9),
-        attributes={
-            schema.ATTR_SPAN_KIND: schema.KIND_P2P, schema.ATTR_OP: op, schema.ATTR_GROUP_ID: group.id,
-            schema.ATTR_GROUP_NAME: group.name, schema.ATTR_GROUP_SIZE: len(group.ranks),
-            schema.ATTR_GROUP_RANKS: group.encoded, schema.ATTR_SEQ: seq, schema.ATTR_PEER: peer,
-            schema.ATTR_P2P_SRC: src, schema.ATTR_P2P_DST: dst, schema.ATTR_BYTES: nbytes,
-            schema.ATTR_STATE: schema.STATE_COMPLETED,
-        },
-        resource=resource(job, rank, world),
-    )
+    record = _record(group, rank, op, seq, start, end, nbytes, "float32", schema.STATE_COMPLETED)
+    record.peer = peer
+    record.src, record.dst = (rank, peer) if op == schema.OP_SEND else (peer, rank)
+    return _with_resource(op_span(record, job, rank), job, rank, world)
 
 
 @dataclass(slots=True)
@@ -78,34 +107,57 @@ class InFlightOp:
     age_s: float = 0.0
     peer: int = -1
     nbytes: int = 4096
+    dtype: str = "float32"
+    returned: bool = False  # device-async groups: the call returned (enqueued), the device has not finished
 
 
 def heartbeat(job: str, rank: int, world: int, at: float, counter: int, groups: Sequence[Group],
               issued: Sequence[int], completed: Sequence[int], inflight: Sequence[InFlightOp] = (),
               idle_s: float = 0.0, stack: str = "", interval: float = 0.5, final: bool = False,
-              exit_reason: str = "") -> SpanRecord:
-    attrs: dict[str, AttrValue] = {
-        schema.ATTR_SPAN_KIND: schema.KIND_HEARTBEAT, schema.ATTR_HB_COUNTER: counter,
-        schema.ATTR_HB_INTERVAL_S: interval, schema.ATTR_HB_IDLE_S: idle_s, schema.ATTR_HB_DROPPED: 0,
-        schema.ATTR_HB_GROUP_IDS: [g.id for g in groups], schema.ATTR_HB_GROUP_NAMES: [g.name for g in groups],
-        schema.ATTR_HB_GROUP_SIZES: [len(g.ranks) for g in groups],
-        schema.ATTR_HB_GROUP_RANKS: [g.encoded for g in groups],
-        schema.ATTR_HB_GROUP_ISSUED: list(issued), schema.ATTR_HB_GROUP_COMPLETED: list(completed),
-        schema.ATTR_HB_INFLIGHT_GROUP_IDS: [o.group.id for o in inflight],
-        schema.ATTR_HB_INFLIGHT_SEQS: [o.seq for o in inflight],
-        schema.ATTR_HB_INFLIGHT_OPS: [o.op for o in inflight],
-        schema.ATTR_HB_INFLIGHT_AGES_S: [o.age_s for o in inflight],
-        schema.ATTR_HB_INFLIGHT_PEERS: [o.peer for o in inflight],
-        schema.ATTR_HB_INFLIGHT_BYTES: [o.nbytes for o in inflight],
-    }
+              exit_reason: str = "", *, comm_s: float | None = 0.0, ops_done: int | None = None,
+              fr_completed: Sequence[int] | None = None, digests: SignatureDigests | None = None) -> SpanRecord:
+    """One rank's heartbeat at `at`: `issued` / `completed` per group of `groups`, in that order.
+
+    ops_done defaults to the sum of the completed frontiers; fr_completed (the Flight Recorder's
+    frontier, sent for device-async groups) to `completed`. comm_s=None leaves out the work
+    counters (comm_s, ops_done): a heartbeat without them, to test the span-only rules. digests: the
+    rank's signature digests (instrumentation.digest), whose closed blocks go out as a rank's do.
+    """
+    now_ns = int(at * 1e9)
+    infos = []
+    for i, group in enumerate(groups):
+        info = group.member(rank)
+        info.issued, info.completed = issued[i], completed[i]
+        info.fr_completed = (fr_completed if fr_completed is not None else completed)[i]
+        infos.append(info)
+    records = []
+    for op in inflight:
+        age_ns = round(op.age_s * 1e9) if math.isfinite(op.age_s) else 0
+        record = OpRecord(C10D_API + op.op, op.op, op.group.member(rank), op.seq, now_ns - age_ns)
+        record.peer, record.bytes, record.dtype = op.peer, op.nbytes, op.dtype
+        record.call_end_ns = record.start_ns if op.returned else 0
+        records.append(record)
+    attrs = heartbeat_attributes(infos, records, now_ns, idle_s)
+    if not all(math.isfinite(op.age_s) for op in inflight):  # a test's junk age (nan, inf): no rank computes one
+        order = sorted(range(len(records)), key=lambda i: records[i].start_ns)  # the encoder's order
+        attrs[schema.ATTR_HB_INFLIGHT_AGES_S] = [inflight[i].age_s for i in order]
+    # what Runtime._heartbeat adds beside the encoder's arrays, in its order
+    attrs[schema.ATTR_HB_DROPPED] = 0
+    if comm_s is not None:
+        attrs[schema.ATTR_HB_COMM_S] = round(comm_s, 6)
+        attrs[schema.ATTR_HB_OPS_DONE] = sum(completed) if ops_done is None else ops_done
+    attrs[schema.ATTR_HB_PHASE] = schema.PHASE_TRAINING
+    if digests is not None:
+        attrs.update(digests.heartbeat_attributes())
     if stack:
         attrs[schema.ATTR_HB_STACK] = stack
     if final:
         attrs[schema.ATTR_HB_FINAL] = True
         attrs[schema.ATTR_HB_EXIT_REASON] = exit_reason or "exit"
-    ns = int(at * 1e9)
-    return SpanRecord(trace_id=(rank + 1) << 64 | counter, span_id=counter + 1, name=schema.SPAN_HEARTBEAT,
-                      start_ns=ns, end_ns=ns, attributes=attrs, resource=resource(job, rank, world))
+    # ids: random in a real rank; seeded by (rank, counter) here, so that a made-up run repeats
+    rng = random.Random(rank << 32 | counter)
+    span = heartbeat_span(rank, counter, interval, now_ns - round(interval * 1e9), now_ns, attrs, rng)
+    return _with_resource(span, job, rank, world)
 
 
 @dataclass
@@ -113,7 +165,8 @@ class StepJob:
     """A data-parallel job that all-reduces once per step in one world group.
 
     `steps()` yields the completed spans of healthy steps; helpers produce the
-    heartbeats of a moment in which chosen ranks are stuck.
+    heartbeats of a moment in which chosen ranks are stuck. Each rank's time in
+    communication (comm_s) adds up as a real rank's recorder counts it.
     """
 
     job: str
@@ -124,10 +177,15 @@ class StepJob:
     seq: int = 0
     now: float = 0.0
     counter: int = 0
+    reports_work: bool = True  # False: heartbeats without comm_s / ops_done (the span-only rules)
+    comm: list[float] = field(init=False)
+    digests: list[SignatureDigests] = field(init=False)
 
     def __post_init__(self) -> None:
         self.group = Group("0", tuple(range(self.world)))
         self.now = self.t0
+        self.comm = [0.0] * self.world
+        self.digests = [SignatureDigests() for _ in range(self.world)]
 
     def steps(self, n: int, slow_rank: int | None = None, slow_extra_s: float = 0.0) -> list[SpanRecord]:
         out: list[SpanRecord] = []
@@ -139,6 +197,8 @@ class StepJob:
             for r in range(self.world):
                 arrive = compute_end + (slow_extra_s if r == slow_rank else 0.001 * ((r * 7 + self.seq) % 5))
                 out.append(collective(self.job, r, self.world, self.group, self.seq, arrive, end))
+                self.comm[r] += end - arrive
+                self.digests[r].add(self.group.id, self.seq, schema.OP_ALL_REDUCE, 4096, "float32")
             self.now = end
         return out
 
@@ -154,9 +214,13 @@ class StepJob:
                 continue
             if r in not_entered:
                 out.append(heartbeat(self.job, r, self.world, at, self.counter, [self.group], [self.seq],
-                                     [self.seq], idle_s=at - self.now, stack=stack))
+                                     [self.seq], idle_s=at - self.now, stack=stack,
+                                     comm_s=self.comm[r] if self.reports_work else None, ops_done=self.seq,
+                                     digests=self.digests[r]))
             else:
                 age = (blocked or {}).get(r, at - self.now)
                 out.append(heartbeat(self.job, r, self.world, at, self.counter, [self.group], [nxt], [self.seq],
-                                     [InFlightOp(self.group, nxt, age_s=age)]))
+                                     [InFlightOp(self.group, nxt, age_s=age)],
+                                     comm_s=self.comm[r] + age if self.reports_work else None, ops_done=self.seq,
+                                     digests=self.digests[r]))
         return out

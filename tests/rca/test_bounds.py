@@ -55,7 +55,7 @@ def test_rank_beyond_world_is_refused_not_a_false_crash() -> None:
     engine.ingest(job.steps(5), job.now)
     liar = job.heartbeats(job.now, not_entered=range(4))[0]
     liar.resource = {**liar.resource, schema.RES_RANK: 5}
-    liar.attributes = dict(liar.attributes)
+    liar.attributes = {**liar.attributes, schema.ATTR_RANK: 5}  # a real rank says it in both places
     rejected: dict[str, int] = {}
     assert engine.ingest([liar], job.now, rejected=rejected) == 0
     assert rejected == {"rank_out_of_world": 1}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
 from mycroft.rca_service.state import JobState, apply_records
@@ -224,8 +225,16 @@ def test_everyone_issued_but_nothing_moves_is_a_link_problem() -> None:
     assert incident.root_causes[0]["rank"] is None and incident.root_causes[0]["kind"] == "link"
 
 
-def test_straggler_is_the_rank_that_arrives_last() -> None:
-    engine, job = _healthy(steps=20)
+@pytest.mark.parametrize("reports_work", [True, False], ids=["with-comm-time", "spans-only"])
+def test_straggler_is_the_rank_that_arrives_last(reports_work: bool) -> None:
+    """Real ranks report their time in communication (comm_s): the work rule names the rank that
+    computes longest; without it (spans only) the arrival rule names the one that arrives last."""
+    engine = Engine()
+    job = StepJob("job", 4, reports_work=reports_work)
+    for _ in range(20):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(job.world), stack=""), job.now)
+        assert engine.step(job.now) == []
     events = []
     for _ in range(12):
         engine.ingest(job.steps(1, slow_rank=1, slow_extra_s=0.15), job.now)
@@ -236,7 +245,11 @@ def test_straggler_is_the_rank_that_arrives_last() -> None:
     assert incident.kind == "slowdown"
     top = incident.root_causes[0]
     assert top["rank"] == 1 and top["kind"] == "straggler"
-    assert top["evidence"]["slowdown_ratio"] > 1.6
+    if reports_work:  # 0.23 s of compute per step against 0.08 s
+        assert top["evidence"]["mode"] == "imbalance" and top["evidence"]["excess_share"] > 0.5, top["evidence"]
+        assert top["evidence"]["peers"] == [0, 2, 3]
+    else:
+        assert top["evidence"]["slowdown_ratio"] > 1.6, top["evidence"]
 
 
 def test_random_arrival_order_jitter_is_not_a_straggler() -> None:

@@ -132,11 +132,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _current = None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "requires(name): needs a real component of tests/components.py; skips "
-                                       "where it is missing, fails under CI=true or ./dev.sh test")
-
-
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Which real components this run lacks, up front (and whether that fails or skips)."""
     gone = [why for name in components.COMPONENTS if (why := components.missing(name))]

@@ -204,7 +204,7 @@ static struct {
   _Atomic uint64_t run_gen; /* the publisher runs while this equals the value it was started with */
   uint64_t snapshot_ns, linger_ns, tick_ns, last_snapshot_ns, child_wait_ns, pair_grace_ns;
   uint32_t pool_colls, pool_flows, pool_kchs, pool_pairs;
-  int mask;
+  _Atomic int mask; /* the events Mycroft keeps (read on the hot path, relaxed) */
   int mask_version; /* the profiler version g.mask was chosen for */
   pid_t pid;
   mcNcclDebugLogger_t log;
@@ -461,7 +461,8 @@ static void* start_parent(mc_ctx_t* ctx, int type, uint64_t seq, const char* fun
   /* NCCL stops a Coll at enqueue; its kernel may start much later (queued behind other work
    * on the stream), so its children can come long after the stop: see publish_ctx. A
    * copy-engine collective has no children. */
-  p->expect = !(flags & MC_FLAG_CE) && ctx->nranks > 1 && (g.mask & (MC_EV_KERNEL_CH | MC_EV_PROXY_OP));
+  p->expect = !(flags & MC_FLAG_CE) && ctx->nranks > 1 &&
+              (atomic_load_explicit(&g.mask, memory_order_relaxed) & (MC_EV_KERNEL_CH | MC_EV_PROXY_OP));
   copy_fixed(p->func, sizeof p->func, func);
   copy_fixed(p->algo, sizeof p->algo, algo);
   copy_fixed(p->dtype, sizeof p->dtype, dtype);
@@ -1173,7 +1174,7 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
            "ring dir and fallback dir");
   }
   if (g.mask_version != version) {
-    g.mask = default_mask(version);
+    atomic_store_explicit(&g.mask, default_mask(version), memory_order_relaxed);
     g.mask_version = version;
   }
   chain_load(version);
@@ -1226,7 +1227,7 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
     if (pthread_create(&g.thread, NULL, publisher_main, (void*)(uintptr_t)gen) == 0) g.thread_running = 1;
   }
   pthread_mutex_unlock(&g.lock);
-  int want = g.mask;
+  int want = atomic_load_explicit(&g.mask, memory_order_relaxed);
   if (chain.lib) { /* the chained plugin's own context; its failure only leaves it out */
     void* cc = NULL;
     int their = 0;
@@ -1237,6 +1238,9 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
       c->chain_ctx = cc;
       chain.mask = their; /* one NCCL, one mask: the last init's */
       want |= their & (int)chain_bits();
+      /* NCCL will send kernel channels for the chained plugin anyway (NCCL Inspector asks for
+       * them): Mycroft keeps them too, at no further cost */
+      if (their & MC_EV_KERNEL_CH) atomic_fetch_or_explicit(&g.mask, MC_EV_KERNEL_CH, memory_order_relaxed);
     } else {
       plog(MC_NCCL_LOG_WARN, "Mycroft profiler: chained plugin %s failed to init; Mycroft continues", chain.name);
     }
@@ -1314,19 +1318,32 @@ MC_INIT_V(7)
  * sit at the same offsets in v4..v7 (only `type` widens, v5; v7 appends fields), so each is
  * read through the oldest layout that has it; the static assertions in nccl_profiler_abi.h
  * pin that. Only fv >= 6 reads a CeColl, only fv == 7 the v7 fields. */
+/* Events that come from the proxy side, where NCCL can pass another rank's context (PXN,
+ * #1586: an address from another process): checked against ours by address, never read. Coll,
+ * P2p and CeColl come from the communicator's own thread with its own context. */
+static inline int proxy_side(uint64_t type) {
+  return type == MC_EV_PROXY_OP || type == MC_EV_PROXY_STEP || type == MC_EV_KERNEL_CH || type == MC_EV_KERNEL_PHASE;
+}
+
 static inline void* core_start(mc_ctx_t* ctx, int fv, uint64_t type, void* parentObj, int rank, const void* u) {
-  if (MC_UNLIKELY(!(type & (uint64_t)g.mask))) return NULL; /* enabled for the chained plugin only */
+  if (MC_UNLIKELY(!(type & (uint64_t)atomic_load_explicit(&g.mask, memory_order_relaxed))))
+    return NULL; /* enabled for the chained plugin only */
+  /* ProxyStep and KernelPhase never touch the context: their parent is our flow / channel */
   if (MC_LIKELY(type == MC_EV_PROXY_STEP)) return start_step(parentObj, ((const mcProxyStepDescr_t*)u)->step);
-  if (MC_UNLIKELY(!ctx_known(ctx))) { /* another rank's context (PXN, #1586): never dereferenced */
-    count_foreign_event();
-    return NULL;
-  }
   switch (type) {
     case MC_EV_PROXY_OP: {
+      if (MC_UNLIKELY(!ctx_known(ctx))) {
+        count_foreign_event();
+        return NULL;
+      }
       const mcProxyOpDescr_t* o = (const mcProxyOpDescr_t*)u;
       return start_flow(ctx, parentObj, rank, o->pid, o->channelId, o->peer, o->nSteps, o->chunkSize, o->isSend);
     }
     case MC_EV_KERNEL_CH: {
+      if (MC_UNLIKELY(!ctx_known(ctx))) {
+        count_foreign_event();
+        return NULL;
+      }
       const mcKernelChDescr_t* k = (const mcKernelChDescr_t*)u;
       return start_kch(ctx, parentObj, rank, k->channelId, k->pTimer);
     }
@@ -1378,7 +1395,9 @@ static void* chain_start(mc_ctx_t* ctx, int fv, const void* d, size_t dsize, uin
                          int rank) {
   const char* u = (const char*)d + 24;
   void* ours = core_start(ctx, fv, type, parentObj, rank, u);
-  if (!(type & (uint64_t)chain.mask & chain_bits()) || !ctx_known(ctx) || !ctx->chain_ctx) return ours;
+  if (!(type & (uint64_t)chain.mask & chain_bits())) return ours;
+  if (proxy_side(type) && !ctx_known(ctx)) return ours; /* its chain_ctx cannot be read (#1586) */
+  if (!ctx->chain_ctx) return ours;
   int own_slot = ours && ours != (void*)&ctx->overflow;
   mc_pair_t* pair = NULL;
   if (!own_slot) {

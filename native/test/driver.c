@@ -22,7 +22,7 @@
  *   ce   H C SEQ FUNC COUNT DTYPE SYNC TAG                              (v6+ CeColl)
  *   phase H C PARENT ID PTIMER                                          (v7 KernelPhase)
  *   event H C TYPEBITS PARENT          any other event type, empty union (Group, CollApi, CeSync ...)
- *   badctx H                           a Coll and a ProxyOp under a context that is not the plugin's
+ *   badctx H                           a KernelCh and a ProxyOp under another rank's context (PXN)
  *   expect_mask C HEX                  the activation mask init returned
  *   rec  H STATE [ARG]
  *   stop H
@@ -376,11 +376,11 @@ static int cmd_replay(const char* lib, int version, const char* script) {
       d.parentObj = parent_of(tok[4]);
       d.rank = ctx_rank[c];
       handles[hid(tok[1])] = p_start(&p, ctxs[c], &d);
-    } else if (!strcmp(op, "badctx")) { /* badctx H: a Coll / ProxyOp under a context that is not ours (#1586) */
+    } else if (!strcmp(op, "badctx")) { /* badctx H: a KernelCh and a ProxyOp under another rank's context (#1586) */
       NEED(2);
-      static unsigned char alien[4096];
+      static unsigned char alien[4096]; /* readable here; in NCCL it is another process's address */
       memset(alien, 0x5a, sizeof alien);
-      mcNcclProfilerEventDescr_v7_t d = d_coll(NULL, 0, 7, "AllReduce", 8, "ncclFloat32", 1, "RING", "LL");
+      mcNcclProfilerEventDescr_v7_t d = d_kch(NULL, 0, 0, 1);
       handles[hid(tok[1])] = p_start(&p, alien, &d);
       mcNcclProfilerEventDescr_v7_t dop = d_op(NULL, 0, getpid(), 0, 1, 1, 8, 1);
       void* h2 = p_start(&p, alien, &dop);

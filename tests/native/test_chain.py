@@ -23,7 +23,7 @@ COUNTERS = {"v7": BUILD_DIR / "libchain_counter.so",  # exports v7 and v6
 
 # API and group events only the chained plugin keeps, a collective with a kernel channel and a
 # phase, a flow with steps, a PXN flow (foreign parent), a CE collective with a CeSync child, and
-# a Coll / ProxyOp under a context that is not Mycroft's (dropped for both).
+# a KernelCh / ProxyOp under another rank's context (dropped for both).
 SCRIPT = """
 init 0 aaaa 0 2 1 chained
 event 1 0 0x100 -
@@ -112,6 +112,7 @@ def _run(tmp_path: Path, ring_dir: Path, version: str, chained: Path | str, extr
     out = tmp_path / f"counts-{version}-{len(list(tmp_path.glob('counts-*')))}.json"
     env = {"MYCROFT_NCCL_PROFILER_CHAIN": str(chained), "CHAIN_COUNTER_OUT": str(out),
            "MYCROFT_NATIVE_KERNEL_PHASES": "1", **(extra or {})}
+    env = {k: v for k, v in env.items() if v}  # an empty value: leave it unset
     pid = _pid_of(_replay(script, tmp_path, version, env=env), ring_dir)
     reader = NativeReader.open_for_pid(pid, JOB, 0, ring_dir=ring_dir)
     assert reader is not None
@@ -167,3 +168,16 @@ def test_a_failing_chained_plugin_never_disables_mycroft(counters: dict[str, Pat
     _, alone_spans = _run(tmp_path, ring_dir, "v7", "")
     assert _mycroft_view(spans) == _mycroft_view(alone_spans)
     assert _mycroft_view(spans)[schema.KIND_NATIVE_FLOW] == 2
+
+
+def test_kernel_channels_the_chained_plugin_asks_for_are_kept_by_mycroft_too(counters: dict[str, Path],
+                                                                             ring_dir: Path, tmp_path: Path) -> None:
+    """NCCL Inspector asks for Coll, P2p and KernelCh: on 2.31 NCCL then sends kernel channels
+    anyway, so Mycroft keeps them (no extra cost) though its own default mask leaves them off."""
+    inspector_like = {"MYCROFT_NATIVE_KERNEL_PHASES": "", "CHAIN_COUNTER_MASK": "0x46"}
+    script = SCRIPT.replace("init 0 aaaa 0 2 1 chained\n", "init 0 aaaa 0 2 1 chained\nexpect_mask 0 105e\n")
+    counts, spans = _run(tmp_path, ring_dir, "v7", counters["v5"], inspector_like, script=script)
+    assert counts["starts"] == {"2": 1, "4": 1, "64": 2}  # what it asked for, through its v5 table
+    assert _mycroft_view(spans)[schema.KIND_NATIVE_KERNEL_CHANNEL] == 2
+    _, alone = _run(tmp_path, ring_dir, "v7", "", {"MYCROFT_NATIVE_KERNEL_PHASES": ""})
+    assert _mycroft_view(alone)[schema.KIND_NATIVE_KERNEL_CHANNEL] == 0

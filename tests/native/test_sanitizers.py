@@ -90,7 +90,7 @@ def test_asan_ubsan_v7_hazards_and_chaining(asan: tuple[Path, Path], ring_dir: P
     script, version, env = {
         "v7": (V7, "v7", {"MYCROFT_NATIVE_KERNEL_PHASES": "1"}),
         "pool_full": (POOL_FULL, "v6", {"MYCROFT_NATIVE_POOL_COLLS": "4"}),
-        "foreign_ctx": (FOREIGN_CTX, "v7", {}),
+        "foreign_ctx": (FOREIGN_CTX, "v6", {}),
         "steps_mismatch": (STEPS_MISMATCH, "v6", {}),
         "kch_stop_first": (KCH_STOP_FIRST, "v6", {}),
         "chain": (CHAIN_SCRIPT, "v7", {"MYCROFT_NATIVE_KERNEL_PHASES": "1",

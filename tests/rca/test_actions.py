@@ -148,6 +148,7 @@ rules:
         hook.close()
 
 
+@pytest.mark.slow  # real processes, seconds each
 def test_kill_9_between_verdict_and_action_then_restart_runs_it_once(tmp_path: Path) -> None:
     script, ran = _appender(tmp_path)
     policy = _policy(tmp_path, f"""

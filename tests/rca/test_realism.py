@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 
+import pytest
 from mycroft.rca_service.alerts import SEND, STAND_DOWN, alert_action, should_alert, stood_down, webhook_payload
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.engine import Engine
@@ -103,6 +104,7 @@ def test_a_rank_waiting_in_process_group_setup_is_not_the_root_cause_the_frozen_
     assert fired and (0, "not_entered") in [(c["rank"], c["kind"]) for c in fired[0].root_causes]
 
 
+@pytest.mark.slow  # real processes, seconds each
 def test_equally_near_sinks_are_ordered_the_same_in_every_process() -> None:
     """Two sinks of one op (rank 0 not entered, rank 3 lost): the ranks waiting on both are
     credited to the same one whatever the string-hash seed (seeds 2 and 7 drew the other before)."""

@@ -71,6 +71,7 @@ def test_incidents_and_owed_webhooks_survive_kill_9(tmp_path: Path, hook: Webhoo
         proc.wait(timeout=15)
 
 
+@pytest.mark.slow  # real processes, seconds each
 def test_hang_found_under_a_span_flood_and_sigterm_exits_fast(tmp_path: Path) -> None:
     proc, ports = _serve(tmp_path / "rca.db")
     stop = threading.Event()

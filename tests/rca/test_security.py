@@ -255,6 +255,7 @@ def test_tls_and_mutual_tls_with_a_real_certificate(tmp_path: Path) -> None:
         service.stop()
 
 
+@pytest.mark.slow  # real processes, seconds each
 def test_cli_flags_warning_and_refusals(tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "pki")
     cmd = [sys.executable, "-m", "mycroft.cli", "rca", "serve", "--otlp-grpc", "127.0.0.1:0", "--db",

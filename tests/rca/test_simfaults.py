@@ -37,6 +37,7 @@ def runs() -> dict[str, dict[str, Any]]:
     return _simulate("all,none", seconds=22, warmup=6)
 
 
+@pytest.mark.slow  # real processes, seconds each
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_is_named_over_the_real_path(runs: dict[str, dict[str, Any]], fault: str) -> None:
     run = runs[fault]
@@ -53,6 +54,7 @@ def from_start() -> dict[str, dict[str, Any]]:
     return _simulate("all,none", seconds=20, warmup=0)
 
 
+@pytest.mark.slow  # real processes, seconds each
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_from_the_first_second_is_named(from_start: dict[str, dict[str, Any]], fault: str) -> None:
     """The fault from the first heartbeat on: no healthy pace to compare with (slow links are named on

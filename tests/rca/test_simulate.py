@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import REPO
 
 
+@pytest.mark.slow  # real processes, seconds each
 @pytest.mark.parametrize("compression", ["none", "gzip"])  # gzip: what an OTel Collector's otlp exporter sends
 def test_a_blocked_rank_of_256_is_the_root_cause_over_the_real_path(compression: str) -> None:
     out = subprocess.run([sys.executable, "-m", "mycroft.cli", "simulate", "--ranks", "256", "--tp", "8",

@@ -185,7 +185,7 @@ static struct {
   int version; /* of the table used: the highest the plugin exports <= the version NCCL calls us with */
   const mcNcclProfiler_v4_t* t4;
   const mcNcclProfiler_v7_t* t7; /* v5, v6 and v7 tables share one layout; typed as v7 */
-  int mask;   /* the event mask its init asked for */
+  _Atomic int mask; /* the event mask its init asked for (set at init, read on the hot path) */
   int tried;
   char name[64];
 } chain;
@@ -1236,7 +1236,7 @@ static mcNcclResult_t core_init(void** context, int* mask, const char* name, uin
                             : chain.t7->init(&cc, hash, &their, name, nnodes, nranks, rank, logfn);
     if (rc == mcNcclSuccess) {
       c->chain_ctx = cc;
-      chain.mask = their; /* one NCCL, one mask: the last init's */
+      atomic_store_explicit(&chain.mask, their, memory_order_relaxed); /* one NCCL, one mask: the last init's */
       want |= their & (int)chain_bits();
       /* NCCL will send kernel channels for the chained plugin anyway (NCCL Inspector asks for
        * them): Mycroft keeps them too, at no further cost */
@@ -1395,7 +1395,7 @@ static void* chain_start(mc_ctx_t* ctx, int fv, const void* d, size_t dsize, uin
                          int rank) {
   const char* u = (const char*)d + 24;
   void* ours = core_start(ctx, fv, type, parentObj, rank, u);
-  if (!(type & (uint64_t)chain.mask & chain_bits())) return ours;
+  if (!(type & (uint64_t)atomic_load_explicit(&chain.mask, memory_order_relaxed) & chain_bits())) return ours;
   if (proxy_side(type) && !ctx_known(ctx)) return ours; /* its chain_ctx cannot be read (#1586) */
   if (!ctx->chain_ctx) return ours;
   int own_slot = ours && ours != (void*)&ctx->overflow;

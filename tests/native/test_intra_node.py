@@ -47,7 +47,8 @@ def test_heartbeats_carry_running_kernel_channels_and_enqueued_collectives(built
         else:
             assert attrs[schema.ATTR_HB_FLOW_NCOLL_KERNELS] == [CHANNELS]
             assert attrs[schema.ATTR_HB_FLOW_KCH_SEQS] == [1] * CHANNELS
-            assert sorted(attrs[schema.ATTR_HB_FLOW_KCH_CHANNELS]) == list(range(CHANNELS))  # type: ignore[arg-type]
+            channels = attrs[schema.ATTR_HB_FLOW_KCH_CHANNELS]
+            assert isinstance(channels, list) and sorted(channels) == list(range(CHANNELS))
 
 
 def test_rank_whose_kernel_never_started_is_named(built: Path, ring_dir: Path) -> None:

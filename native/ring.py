@@ -31,8 +31,9 @@ RECORD_SIZE = 128
 _OFF_HEAD = 64
 _OFF_TAIL = 128
 _HEADER_FMT = "<8sIIIIiIQ"  # magic, version, header_size, record_size, capacity, pid, snapshot_ms, created_ns
-# dropped_records, dropped_events, published_ns, live_comms, finalized, total_records, foreign_events
-_COUNTERS_FMT = "<QQQIIQQ"
+# dropped_records, dropped_events, published_ns, live_comms, finalized, total_records, foreign_events,
+# chain_dropped
+_COUNTERS_FMT = "<QQQIIQQQ"
 _OFF_COUNTERS = 192
 
 # record kinds (MC_REC_*) and their names in dumps
@@ -249,11 +250,11 @@ class Ring:
         return self._load(_OFF_TAIL)
 
     def counters(self) -> dict[str, int]:
-        dropped, dropped_events, published_ns, live, finalized, total, foreign = struct.unpack_from(
+        dropped, dropped_events, published_ns, live, finalized, total, foreign, chain_dropped = struct.unpack_from(
             _COUNTERS_FMT, self._mm, _OFF_COUNTERS)
         return {"dropped_records": dropped, "dropped_events": dropped_events, "published_ns": published_ns,
                 "live_comms": live, "finalized": finalized, "total_records": total, "foreign_events": foreign,
-                "head": self.head, "tail": self.tail, "capacity": self.capacity}
+                "chain_dropped": chain_dropped, "head": self.head, "tail": self.tail, "capacity": self.capacity}
 
     def _at(self, position: int) -> Record | None:
         return decode(self._mm, HEADER_SIZE + (position & (self.capacity - 1)) * RECORD_SIZE, position)

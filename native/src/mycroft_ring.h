@@ -71,7 +71,8 @@ typedef struct {
   _Atomic uint32_t finalized;       /* 220: every communicator finalized */
   _Atomic uint64_t total_records;   /* 224: records written */
   _Atomic uint64_t foreign_events;  /* 232: events under a context that is not ours (dropped) */
-  uint8_t pad3[MC_RING_HEADER_SIZE - 240];
+  _Atomic uint64_t chain_dropped;   /* 240: events the chained plugin did not get: no pair slot free */
+  uint8_t pad3[MC_RING_HEADER_SIZE - 248];
 } mc_ring_header_t;
 
 typedef struct {
@@ -162,6 +163,7 @@ _Static_assert(offsetof(mc_ring_header_t, tail) == 128, "tail offset");
 _Static_assert(offsetof(mc_ring_header_t, dropped_records) == 192, "dropped offset");
 _Static_assert(offsetof(mc_ring_header_t, total_records) == 224, "total offset");
 _Static_assert(offsetof(mc_ring_header_t, foreign_events) == 232, "foreign offset");
+_Static_assert(offsetof(mc_ring_header_t, chain_dropped) == 240, "chain dropped offset");
 _Static_assert(sizeof(mc_record_t) == MC_RING_RECORD_SIZE, "record size");
 _Static_assert(offsetof(mc_record_t, u) == 56, "payload offset");
 _Static_assert(sizeof(mc_rec_coll_t) == 72 && sizeof(mc_rec_flow_t) == 72, "payload size");

@@ -413,6 +413,10 @@ static inline void count_foreign_event(void) {
   if (g.ring) atomic_fetch_add_explicit(&g.ring->foreign_events, 1, memory_order_relaxed);
 }
 
+static inline void count_chain_dropped(void) {
+  if (g.ring) atomic_fetch_add_explicit(&g.ring->chain_dropped, 1, memory_order_relaxed);
+}
+
 /* Claim a FREE slot: FREE -> BUSY with one CAS, a few probes from a shared cursor. */
 #define MC_POOL_ALLOC(pool, n, cursor, out)                                                          \
   do {                                                                                               \
@@ -1402,8 +1406,8 @@ static void* chain_start(mc_ctx_t* ctx, int fv, const void* d, size_t dsize, uin
   mc_pair_t* pair = NULL;
   if (!own_slot) {
     MC_POOL_ALLOC(ctx->pairs, ctx->npairs, ctx->pair_cursor, pair);
-    if (!pair) {
-      count_dropped_event();
+    if (!pair) { /* the chained plugin never hears of this event (nor of its stop / records) */
+      count_chain_dropped();
       return ours;
     }
     pair->type = T_PAIR;

@@ -181,3 +181,22 @@ def test_kernel_channels_the_chained_plugin_asks_for_are_kept_by_mycroft_too(cou
     assert _mycroft_view(spans)[schema.KIND_NATIVE_KERNEL_CHANNEL] == 2
     _, alone = _run(tmp_path, ring_dir, "v7", "", {"MYCROFT_NATIVE_KERNEL_PHASES": ""})
     assert _mycroft_view(alone)[schema.KIND_NATIVE_KERNEL_CHANNEL] == 0
+
+
+def test_no_free_pair_slot_drops_the_event_for_the_chained_plugin_only(counters: dict[str, Path], ring_dir: Path,
+                                                                      tmp_path: Path) -> None:
+    """Events only the chained plugin keeps need a pair slot: with 4 (and a long grace), the 5th
+    and 6th API events are its loss, counted in the ring header; Mycroft's own events are not."""
+    from mycroft.native import ring as ringmod
+
+    script = "init 0 bb 0 2 1 pairs\n" + "".join(f"event {h} 0 0x200 -\nstop {h}\n" for h in range(1, 7)) + \
+             "coll 7 0 0 AllReduce 8 ncclFloat32 1 RING LL\nstop 7\nsleep 30\nfin 0\n"
+    out = tmp_path / "pairs.json"
+    env = {"MYCROFT_NCCL_PROFILER_CHAIN": str(counters["v7"]), "CHAIN_COUNTER_OUT": str(out),
+           "MYCROFT_NATIVE_POOL_PAIRS": "4", "MYCROFT_NATIVE_CHAIN_GRACE_MS": "60000"}
+    pid = _pid_of(_replay(script, tmp_path, "v7", env=env), ring_dir)
+    with ringmod.Ring(ringmod.ring_path(pid, ring_dir), writable=False) as ring:
+        assert ring.counters()["chain_dropped"] == 2 and ring.counters()["dropped_events"] == 0
+        assert [r.kind for r in ring.records()].count(ringmod.REC_COLL_DONE) == 1
+    ringmod.ring_path(pid, ring_dir).unlink()
+    assert json.loads(out.read_text())["starts"] == {"2": 1, "512": 4}

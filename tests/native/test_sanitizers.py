@@ -134,3 +134,28 @@ def test_tsan_stress_with_a_chained_plugin(tsan: tuple[Path, Path], ring_dir: Pa
     _clean(result)
     counts = out.read_text()
     assert '"bad_ctx": 0, "bad_handle": 0, "bad_parent": 0' in counts and '"inits": 3' in counts
+
+
+def test_tsan_stress_chained_with_mycroft_pools_nearly_empty(tsan: tuple[Path, Path], ring_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """Pools of 4 flows / kernel channels: most events are Mycroft's drops, so pair slots carry the
+    chained plugin's handles, allocated on three proxy threads and freed by the publisher at once
+    (grace 0). No race, and the chained plugin still gets every flow, step and kernel channel
+    (pair pool big enough: none lost, chain_dropped 0)."""
+    import json
+
+    driver, library = tsan
+    out = tmp_path / "counts.json"
+    env = {**_env(ring_dir), "MYCROFT_NATIVE_POOL_FLOWS": "4", "MYCROFT_NATIVE_POOL_KCHS": "4",
+           "MYCROFT_NATIVE_CHAIN_GRACE_MS": "0", "MYCROFT_NATIVE_POOL_PAIRS": "131072", "CHAIN_COUNTER_OUT": str(out),
+           "MYCROFT_NCCL_PROFILER_CHAIN": str(library.parent / "libchain_counter.so")}
+    result = subprocess.run([str(driver), "stress", str(library), "100"], capture_output=True, text=True, env=env,
+                            timeout=180)
+    _clean(result)
+    stress = json.loads(result.stdout.strip().splitlines()[-1])
+    counts = json.loads(out.read_text())
+    assert stress["dropped_events"] > stress["flows"] // 2  # Mycroft's pools really were full
+    assert (counts["bad_ctx"], counts["bad_handle"], counts["bad_parent"]) == (0, 0, 0)
+    assert counts["starts"]["8"] == stress["flows"] + 1 and counts["starts"]["64"] == stress["kchs"]
+    assert counts["starts"]["16"] == 8 * stress["flows"] + 1  # every step (8 per flow, 1 on the open flow)
+    assert counts["stops"]["8"] == stress["flows"] and counts["stops"]["64"] == stress["kchs"]  # one left open

@@ -26,6 +26,16 @@ def otel_ratio_keeps(trace_id: int, ratio: float) -> bool:
     return trace_id % (1 << 64) < ratio * 2.0**64
 
 
+def _int(value: object) -> int:
+    assert isinstance(value, int), value
+    return value
+
+
+def _list(value: object) -> list[object]:
+    assert isinstance(value, list), value
+    return value
+
+
 def _collectives(spans: list[SpanRecord]) -> tuple[dict[int, set[int]], dict[int, tuple[str, int]]]:
     """trace id -> the ranks that sent its span; trace id -> (group id, seq)."""
     by_trace: dict[int, set[int]] = defaultdict(set)
@@ -33,7 +43,7 @@ def _collectives(spans: list[SpanRecord]) -> tuple[dict[int, set[int]], dict[int
     for span in spans:
         if span.kind == schema.KIND_COLLECTIVE:
             by_trace[span.trace_id].add(span.rank or 0)
-            where[span.trace_id] = (str(span.attributes[schema.ATTR_GROUP_ID]), int(span.attributes[schema.ATTR_SEQ]))  # type: ignore[arg-type]
+            where[span.trace_id] = (str(span.attributes[schema.ATTR_GROUP_ID]), _int(span.attributes[schema.ATTR_SEQ]))
     return by_trace, where
 
 
@@ -42,9 +52,9 @@ def _issued(spans: list[SpanRecord], rank: int = 0) -> dict[str, int]:
     out: dict[str, int] = {}
     for beat in spans:
         if beat.kind == schema.KIND_HEARTBEAT and beat.rank == rank:
-            ids, issued = beat.attributes[schema.ATTR_HB_GROUP_IDS], beat.attributes[schema.ATTR_HB_GROUP_ISSUED]
-            for gid, seq in zip(ids, issued, strict=True):  # type: ignore[call-overload]
-                out[str(gid)] = max(out.get(str(gid), 0), int(seq))
+            ids = _list(beat.attributes[schema.ATTR_HB_GROUP_IDS])
+            for gid, seq in zip(ids, _list(beat.attributes[schema.ATTR_HB_GROUP_ISSUED]), strict=True):
+                out[str(gid)] = max(out.get(str(gid), 0), _int(seq))
     return out
 
 
@@ -64,12 +74,15 @@ def test_sampled_op_spans_keep_whole_collectives_and_every_slow_op(otlp_sink: tu
     assert sum(issued.values()) >= 24
     slow = {t for t, (_, seq) in where.items() if seq == 6}
     assert slow and all({0, 1} <= by_trace[t] for t in slow)  # the waiters' slow op goes whatever its trace id says
-    # every other collective: kept on all three ranks exactly when the ratio rule keeps its trace id
+    # every collective the ratio rule keeps is sent by all three ranks; any other span sent is an
+    # anomaly kept whatever its trace id says (>= 0.8 s: seq 6's waiters, a slow start on a loaded box)
     expected = {(gid, seq) for gid, last in issued.items() for seq in range(1, last + 1)
                 if otel_ratio_keeps(schema.collective_trace_id("diet", gid, seq), 0.3)}
-    kept = {where[t] for t in by_trace if t not in slow}
-    assert kept == expected - {where[t] for t in slow}
-    assert all(by_trace[t] == {0, 1, 2} for t in by_trace if t not in slow)
+    assert expected and {where[t] for t, ranks in by_trace.items() if ranks == {0, 1, 2}} >= expected
+    assert all(by_trace[t] == {0, 1, 2} for t in by_trace if where[t] in expected)
+    others = [s for s in spans if s.kind == schema.KIND_COLLECTIVE and where[s.trace_id] not in expected]
+    assert {s.trace_id for s in others} >= slow
+    assert all(s.end_ns - s.start_ns >= 0.8e9 for s in others), [(where[s.trace_id], s.rank) for s in others]
     assert all(len([b for b in spans if b.kind == schema.KIND_HEARTBEAT and b.rank == r]) >= 3 for r in range(3))
 
 
@@ -98,8 +111,10 @@ def test_the_budget_on_a_real_job_and_its_counts_in_rca_metrics(tmp_path: Path,
         spans = [s for s in sink.snapshot() if s.job_id == "budget"]
         by_trace, where = _collectives(spans)
         ops = [s for s in spans if s.kind == schema.KIND_COLLECTIVE]
-        partial = [where[t] for t, ranks in by_trace.items() if ranks != {0, 1, 2}]
-        assert partial == [], partial  # kept whole
+        # kept whole: a collective one rank sent under the budget (not as an anomaly: >= 1 s) all sent
+        budgeted = {s.trace_id for s in ops if s.end_ns - s.start_ns < 1e9}
+        partial = [where[t] for t in budgeted if by_trace[t] != {0, 1, 2}]
+        assert partial == [], partial
         # the budget: after the warm-up (3 epochs of 16 seqs kept whole, then the first measured levels)
         t0 = min(s.end_ns for s in ops) / 1e9
         t1 = max(s.end_ns for s in ops) / 1e9
@@ -112,7 +127,7 @@ def test_the_budget_on_a_real_job_and_its_counts_in_rca_metrics(tmp_path: Path,
         assert issued >= 700 and len(by_trace) < issued / 3  # most were sampled away
 
         finals = {s.rank: s.attributes for s in spans if s.attributes.get(schema.ATTR_HB_FINAL)}
-        counts = {key: sum(int(a[key]) for a in finals.values())  # type: ignore[call-overload]
+        counts = {key: sum(_int(a[key]) for a in finals.values())
                   for key in (schema.ATTR_HB_SPANS_KEPT, schema.ATTR_HB_SPANS_ANOMALIES,
                               schema.ATTR_HB_SPANS_SAMPLED_OUT)}
         assert counts[schema.ATTR_HB_SPANS_KEPT] + counts[schema.ATTR_HB_SPANS_ANOMALIES] == len(ops)

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mycroft.instrumentation.compile_phase import WATCH as COMPILE_WATCH
 from mycroft.instrumentation.ops import (
     C10D_ONLY_IN_DIST,
     C10D_SPECS,
@@ -457,6 +458,19 @@ def _init_arguments(original: Callable[..., Any], args: tuple[Any, ...], kwargs:
         return dict(kwargs)
 
 
+def _compile_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.compile, unchanged; on the way out Dynamo is imported, and the heartbeat's compile phase
+    (compile_phase.py) registers before the first compilation runs (compilations start at the first
+    call of what torch.compile returned)."""
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        COMPILE_WATCH.poll()
+        return result
+
+    return wrapper
+
+
 def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
             on_init: Callable[[], None], on_destroy: Callable[[], None],
             on_init_start: Callable[[Mapping[str, Any]], None] | None = None) -> None:
@@ -504,6 +518,8 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
     for owner in (c10d, dist):
         patcher.replace(owner, "init_process_group", init_wrapper)
         patcher.replace(owner, "destroy_process_group", destroy_wrapper)
+
+    patcher.replace(sys.modules["torch"], "compile", _compile_wrapper)
 
     try:
         import torch.distributed._functional_collectives as funcol

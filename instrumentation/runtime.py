@@ -25,6 +25,7 @@ import uuid
 from typing import Any
 
 from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
+from mycroft.instrumentation.compile_phase import WATCH as COMPILE_WATCH
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.digest import SignatureDigests
 from mycroft.instrumentation.directives import (
@@ -490,7 +491,8 @@ class Runtime:
         attributes[schema.ATTR_HB_SPANS_SAMPLED_OUT] = counts.sampled_out
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
         attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
-        attributes[schema.ATTR_HB_PHASE] = schema.PHASE_TRAINING
+        COMPILE_WATCH.poll()
+        attributes[schema.ATTR_HB_PHASE] = schema.PHASE_COMPILING if COMPILE_WATCH.compiling else schema.PHASE_TRAINING
         attributes.update(self._digests.heartbeat_attributes())
         if final_reason or (not inflight and idle_s >= self.config.stack_after_s) or \
                 self._waiting_elsewhere(inflight, now):

@@ -135,11 +135,14 @@ ATTR_CALL_S: Final = "mycroft.call_s"  # seconds the issuing call took on the ho
 # Heartbeat span (per rank, every MYCROFT_HEARTBEAT_INTERVAL seconds)
 # Per-group and per-in-flight-op values are parallel arrays (OTel attributes are flat).
 # --------------------------------------------------------------------------------------
-ATTR_HB_PHASE: Final = "mycroft.hb.phase"  # importing | rendezvous (before / in init_process_group) | training
+ATTR_HB_PHASE: Final = "mycroft.hb.phase"  # importing | rendezvous (before / in init) | training | compiling
 ATTR_HB_PHASE_S: Final = "mycroft.hb.phase_s"  # seconds in that phase (start-up phases only)
 PHASE_IMPORTING: Final = "importing"
 PHASE_RENDEZVOUS: Final = "rendezvous"
 PHASE_TRAINING: Final = "training"
+# training, inside a torch.compile compilation (Dynamo's compile callbacks): minutes for a large model,
+# ranks at different speeds, and a heartbeat thread that the compiler's long GIL holds can starve
+PHASE_COMPILING: Final = "compiling"
 ATTR_HB_COUNTER: Final = "mycroft.hb.counter"  # increments by one per heartbeat of this rank
 ATTR_HB_INTERVAL_S: Final = "mycroft.hb.interval_s"
 ATTR_HB_FINAL: Final = "mycroft.hb.final"  # last heartbeat of the process

@@ -91,6 +91,9 @@ class AnalysisConfig:
     # a not-entered holder without a stack yet: the hang stays a warning until its stack arrives,
     # or until it has been idle this long plus one heartbeat interval (no stack is coming)
     stack_wait_s: float = 1.0
+    # a not-entered holder outside communication for less than this, at a stack where the job does not
+    # pause, is a warning: a step slowed by load reads the same for a second; critical if it stays out
+    page_idle_min_s: float = 2.0
     # incidents that fire while an earlier critical one of the job is open (or resolved less than
     # this long ago) and name only lost / exited ranks are its consequences (teardown, aborted peers)
     consequence_window_s: float = 120.0

@@ -36,7 +36,12 @@ class Phase:
     innermost: str = ""
 
 
-_LIBRARY_FRAME = r"site-packages/|dist-packages/|<frozen |/lib/python3\.\d+/"
+COMPILATION = "compilation"  # the phase a rank that reports it is compiling (schema.PHASE_COMPILING) is in
+
+
+# library code, or code a library generated and runs (FX's `<eval_with_key>.N`, dataclasses' and
+# namedtuple's exec'd `<string>`): no user file, so no block the user wrote
+_LIBRARY_FRAME = r"site-packages/|dist-packages/|<frozen |/lib/python3\.\d+/|^<eval_with_key>|^<string>:"
 
 # Defaults: frames of the usual libraries and the usual names. The budget is how long
 # such a pause may last before it pages someone.
@@ -49,7 +54,7 @@ DEFAULT_PHASES: tuple[Phase, ...] = (
                           r"in __next__$", 120.0),
     # the first steps of a compiled model: ranks compile (or run a freshly compiled graph's
     # wrappers) at different speeds, minutes for a large model, while their peers wait
-    Phase("compilation", r"torch/_dynamo/|torch/_inductor/|torch/_functorch/|torch/fx/|triton/compiler", 900.0,
+    Phase(COMPILATION, r"torch/_dynamo/|torch/_inductor/|torch/_functorch/|torch/fx/|triton/compiler", 900.0,
           innermost=_LIBRARY_FRAME),
     # torch imports much lazily on first use (DTensor's op strategies, inductor's passes)
     Phase("importing", r"<frozen importlib\._bootstrap", 300.0, innermost=_LIBRARY_FRAME),
@@ -97,12 +102,24 @@ def match_phase(stack: str, phases: tuple[Phase, ...]) -> Phase | None:
     return None
 
 
+def reported_phase(compiling: bool, phases: tuple[Phase, ...]) -> Phase | None:
+    """The expected phase a rank said it is in: compiling (Dynamo's callbacks) is `compilation`
+    whatever its stack shows at that instant, while the configuration keeps that phase."""
+    if not compiling:
+        return None
+    return next((phase for phase in phases if phase.name == COMPILATION), None)
+
+
 def classify(rank: int, stack: str, age_s: float, learned: dict[tuple[int, str], LearnedPause],
-             cfg: AnalysisConfig) -> PauseVerdict | None:
+             cfg: AnalysisConfig, compiling: bool = False) -> PauseVerdict | None:
     """Is a hang held by `rank` (alive, outside communication, at `stack`) a normal pause?
 
     None: it is not (no stack, no expected phase, never seen before, no budget set).
     """
+    said = reported_phase(compiling, cfg.phases)
+    if said is not None:
+        return PauseVerdict(said.name, said.budget_s, age_s,
+                            f"rank {rank} is compiling (torch.compile); budget {said.budget_s:g}s")
     if stack.strip():
         phase = match_phase(stack, cfg.phases)
         if phase is not None:

@@ -362,10 +362,11 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float,
                    cfg: AnalysisConfig) -> tuple[str, str, dict[str, Any] | None]:
     """Critical unless every holder is alive elsewhere in a normal pause, or its stack is still on the way."""
     quiet = [rc for rc in causes if rc.kind == RC_PROCESS_LOST and rc.rank in job.ranks]
-    for rc in quiet:  # went silent inside an expected phase: a checkpoint can starve the heartbeat thread
+    for rc in quiet:  # went silent inside an expected phase: a checkpoint or a compiler can starve the heartbeat
         assert rc.rank is not None
         rank = job.ranks[rc.rank]
-        phase = pauses_mod.match_phase(rank.stack, cfg.phases) if rank.stack else None
+        phase = pauses_mod.reported_phase(rank.phase == schema.PHASE_COMPILING, cfg.phases) or \
+            (pauses_mod.match_phase(rank.stack, cfg.phases) if rank.stack else None)
         silent = now - spoke_at(job, rank)
         if phase is None or silent >= cfg.paused_silence_grace_s:
             break
@@ -376,15 +377,20 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float,
     if any(rc.kind != RC_NOT_ENTERED or rc.rank is None or rc.rank not in job.ranks for rc in causes):
         return CRITICAL, "ranks are lost, gone or the data does not move", None
     pending: list[int] = []
+    young: list[int] = []
     pauses: list[pauses_mod.PauseVerdict] = []
     for rc in causes:
         assert rc.rank is not None
         rank = job.ranks[rc.rank]
         idle = rank.idle_at(now)
-        if not rank.stack.strip() and idle < cfg.stack_wait_s + rank.hb_interval:
+        compiling = rank.phase == schema.PHASE_COMPILING
+        if not compiling and not rank.stack.strip() and idle < cfg.stack_wait_s + rank.hb_interval:
             pending.append(rc.rank)
             continue
-        verdict = pauses_mod.classify(rc.rank, rank.stack, idle, job.pauses, cfg)
+        verdict = pauses_mod.classify(rc.rank, rank.stack, idle, job.pauses, cfg, compiling)
+        if verdict is None and idle < cfg.page_idle_min_s:
+            young.append(rc.rank)  # out of communication about a hang threshold: a slow step under load, so far
+            continue
         if verdict is None:
             return CRITICAL, f"rank {rc.rank} is outside communication where this job does not pause", None
         if not verdict.within_budget:
@@ -394,6 +400,9 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float,
     if pending:
         return WARNING, (f"waiting for the stack of rank(s) {pending} (at most one heartbeat interval) to tell a "
                          f"normal pause from a hang"), None
+    if young:
+        return WARNING, (f"rank(s) {young} outside communication for less than {cfg.page_idle_min_s:g}s, where this "
+                         f"job does not pause: critical if they stay out"), None
     top = max(pauses, key=lambda p: p.age_s / max(p.budget_s, 1e-9))
     return INFO, "a normal pause within its budget", {
         "phase": top.phase, "budget_s": round(top.budget_s, 3), "age_s": round(top.age_s, 3), "why": top.why}
@@ -488,9 +497,14 @@ def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: Analy
     others = {s: sum(1 for v in status.values() if v == s) for s in (ALIVE, EXITED)}
     text = (f"{len(lost)} rank(s) stopped reporting without a final heartbeat: "
             f"{', '.join(str(rc.rank) for rc in causes[:8])}; {others[ALIVE]} alive, {others[EXITED]} exited")
+    severity, reason = "", ""
+    if all(r in job.ranks and job.ranks[r].phase == schema.PHASE_COMPILING
+           and now - spoke_at(job, job.ranks[r]) < cfg.paused_silence_grace_s for r in lost):
+        severity, reason = WARNING, (f"silent while compiling (a compiler holding the GIL starves the heartbeat "
+                                     f"thread); critical after {cfg.paused_silence_grace_s:g}s of silence")
     return Finding(job.job_id, CRASH, text, causes, {},
                    {"lost_ranks": sorted(lost)[:256], "alive": others[ALIVE], "exited": others[EXITED],
-                    "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)})
+                    "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)}, severity, reason)
 
 
 def _teardown_finding(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:

@@ -260,7 +260,8 @@ def test_random_arrival_order_jitter_is_not_a_straggler() -> None:
 def test_incident_resolves_when_progress_resumes_and_is_not_refired() -> None:
     engine, job = _healthy()
     events = _run(engine, job, 2.0, not_entered=[2])
-    assert [e.action for e in events] == ["fired"]
+    # a warning, then critical once rank 2 has been out of communication for page_idle_min_s
+    assert [e.action for e in events] == ["fired", "updated"] and events[-1].incident.severity == "critical"
     # rank 2 arrives: the collective completes, the job moves on
     job.now += 2.0
     events = []
@@ -366,7 +367,7 @@ def test_silent_jobs_expire_and_their_incidents_resolve() -> None:
     job = StepJob("gone", 4)
     engine.ingest(job.steps(20), job.now)
     events = _run(engine, job, 3.0, not_entered=[1])
-    assert [e.action for e in events] == ["fired"]
+    assert [e.action for e in events] == ["fired", "updated"]  # warning, then critical (page_idle_min_s)
     later = engine.step(job.now + 3.0 + 61.0)
     assert [(e.action, e.incident.evidence["resolved_because"]) for e in later] == [("resolved", "job expired")]
     assert "gone" not in engine.jobs

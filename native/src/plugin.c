@@ -486,10 +486,19 @@ static void* start_parent(mc_ctx_t* ctx, int type, uint64_t seq, const char* fun
   return p;
 }
 
-/* Resolve a child's parentObj: NULL, a retired slot or a foreign type make it an orphan. */
-static inline mc_parent_t* child_parent(void* parentObj, uint64_t now, uint64_t* seq, uint16_t* kind) {
+/* Whether p points into one of this communicator's pools (by address: nothing is read). A
+ * parent NCCL passes from another process (a PXN task handle) is not, and is never read. */
+#define MC_IN(p, base, n) ((const char*)(p) >= (const char*)(base) && (const char*)(p) < (const char*)((base) + (n)))
+static inline int owned(const mc_ctx_t* ctx, const void* p) {
+  return MC_IN(p, ctx->colls, ctx->ncolls) || MC_IN(p, ctx->flows, ctx->nflows) || MC_IN(p, ctx->kchs, ctx->nkchs) ||
+         (ctx->pairs && MC_IN(p, ctx->pairs, ctx->npairs)) || p == (const void*)&ctx->overflow;
+}
+
+/* Resolve a child's parentObj: NULL, not ours, a retired slot or a foreign type make it an orphan. */
+static inline mc_parent_t* child_parent(const mc_ctx_t* ctx, void* parentObj, uint64_t now, uint64_t* seq,
+                                        uint16_t* kind) {
   mc_parent_t* p = (mc_parent_t*)parentObj;
-  if (!p || !parent_live(p) || (p->type != T_COLL && p->type != T_P2P)) {
+  if (!p || !MC_IN(p, ctx->colls, ctx->ncolls) || !parent_live(p) || (p->type != T_COLL && p->type != T_P2P)) {
     *seq = UINT64_MAX;
     *kind = 0;
     return NULL;
@@ -530,7 +539,7 @@ static void* start_flow(mc_ctx_t* ctx, void* parentObj, int rank, pid_t pid, int
   f->type = T_FLOW;
   f->chain = NULL;
   f->ctx = ctx;
-  f->parent = child_parent(parentObj, now, &f->seq, &f->parent_kind);
+  f->parent = child_parent(ctx, parentObj, now, &f->seq, &f->parent_kind);
   if (!f->parent) flags |= MC_FLAG_ORPHAN;
   f->flags = flags;
   f->rank = rank;
@@ -569,7 +578,7 @@ static void* start_kch(mc_ctx_t* ctx, void* parentObj, int rank, int channel, ui
   k->chain = NULL;
   k->ctx = ctx;
   k->phase_mask = 0;
-  k->parent = child_parent(parentObj, now, &k->seq, &k->parent_kind);
+  k->parent = child_parent(ctx, parentObj, now, &k->seq, &k->parent_kind);
   k->flags = k->parent ? 0 : MC_FLAG_ORPHAN;
   k->rank = rank;
   k->channel = channel;
@@ -1387,9 +1396,11 @@ static inline void* core_start(mc_ctx_t* ctx, int fv, uint64_t type, void* paren
   }
 }
 
-/* A parent handle as the chained plugin knows it: ours carry its handle at byte 8. */
+/* A parent handle as the chained plugin knows it: ours carry its handle at byte 8; one that is
+ * not ours (another process's, under PXN) is passed as is, as NCCL would. */
 static inline void* chain_parent(mc_ctx_t* ctx, void* p) {
-  return (!p || p == (void*)&ctx->overflow) ? NULL : MC_CHAIN(p);
+  if (!p || p == (void*)&ctx->overflow) return NULL;
+  return owned(ctx, p) ? MC_CHAIN(p) : p;
 }
 
 /* Chained start: Mycroft's event first, then the chained plugin's with its own context and

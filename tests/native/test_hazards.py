@@ -29,8 +29,10 @@ POOL_FULL = "init 0 1544 0 2 1 full\n" + "".join(
 
 # #1586: with PXN NCCL can hand the proxy-side callbacks another rank's context (an address from
 # another process): a KernelCh and a ProxyOp under one are dropped, counted, never dereferenced.
+# Under PXN the task handle a KernelCh names as its parent can be another process's too (an
+# unmapped address here): never read, the channel is an orphan.
 FOREIGN_CTX = "init 0 1586 0 2 1 ctx\nbadctx 1\nexpect_null 1\ncoll 2 0 0 AllReduce 8 ncclFloat32 1 RING LL\n" \
-              "stop 2\nsleep 30\nfin 0\n"
+              "kch 3 0 foreign 0 77\nrec 3 22 78\nstop 3\nstop 2\nsleep 30\nfin 0\n"
 
 # #1658: a step stopped twice, a step started again before its stop, a stop for a step never
 # started (NULL handle), a step never stopped; the flow's counters stay consistent.
@@ -112,6 +114,8 @@ def test_another_ranks_context_is_never_dereferenced(built: Path, ring_dir: Path
     spans, counters = _drain(pid, ring_dir)
     assert counters["foreign_events"] == 2 and counters["dropped_events"] == 0
     assert [s.attributes[schema.ATTR_SEQ] for s in _kind(spans, schema.KIND_NATIVE_COLL)] == [0]
+    (kch,) = _kind(spans, schema.KIND_NATIVE_KERNEL_CHANNEL)
+    assert kch.parent_span_id == 0 and schema.ATTR_SEQ not in kch.attributes  # the foreign parent: an orphan
 
 
 def test_mismatched_proxy_step_starts_and_stops(built: Path, ring_dir: Path, tmp_path: Path) -> None:

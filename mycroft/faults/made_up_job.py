@@ -137,15 +137,26 @@ def heartbeat(job: str, rank: int, world: int, at: float, counter: int, groups: 
         record.peer, record.bytes, record.dtype = op.peer, op.nbytes, op.dtype
         record.call_end_ns = record.start_ns if op.returned else 0
         records.append(record)
-    attrs = heartbeat_attributes(infos, records, now_ns, idle_s)
+    span = rank_heartbeat(rank, counter, interval, now_ns, infos, records, idle_s,
+                          comm_s=comm_s, ops_done=sum(completed) if ops_done is None else ops_done,
+                          digests=digests, stack=stack, final=final, exit_reason=exit_reason)
     if not all(math.isfinite(op.age_s) for op in inflight):  # a test's junk age (nan, inf): no rank computes one
         order = sorted(range(len(records)), key=lambda i: records[i].start_ns)  # the encoder's order
-        attrs[schema.ATTR_HB_INFLIGHT_AGES_S] = [inflight[i].age_s for i in order]
-    # what Runtime._heartbeat adds beside the encoder's arrays, in its order
+        span.attributes[schema.ATTR_HB_INFLIGHT_AGES_S] = [inflight[i].age_s for i in order]
+    return _with_resource(span, job, rank, world)
+
+
+def rank_heartbeat(rank: int, counter: int, interval: float, now_ns: int, groups: Sequence[GroupInfo],
+                   inflight: Sequence[OpRecord], idle_s: float, *, comm_s: float | None, ops_done: int,
+                   digests: SignatureDigests | None = None, stack: str = "", final: bool = False,
+                   exit_reason: str = "") -> SpanRecord:
+    """A heartbeat as Runtime._heartbeat builds it from a recorder's groups and in-flight ops: the
+    encoder's arrays, then what the runtime adds beside them, in its order (no resource)."""
+    attrs = heartbeat_attributes(groups, inflight, now_ns, idle_s)
     attrs[schema.ATTR_HB_DROPPED] = 0
     if comm_s is not None:
         attrs[schema.ATTR_HB_COMM_S] = round(comm_s, 6)
-        attrs[schema.ATTR_HB_OPS_DONE] = sum(completed) if ops_done is None else ops_done
+        attrs[schema.ATTR_HB_OPS_DONE] = ops_done
     attrs[schema.ATTR_HB_PHASE] = schema.PHASE_TRAINING
     if digests is not None:
         attrs.update(digests.heartbeat_attributes())
@@ -156,8 +167,7 @@ def heartbeat(job: str, rank: int, world: int, at: float, counter: int, groups: 
         attrs[schema.ATTR_HB_EXIT_REASON] = exit_reason or "exit"
     # ids: random in a real rank; seeded by (rank, counter) here, so that a made-up run repeats
     rng = random.Random(rank << 32 | counter)
-    span = heartbeat_span(rank, counter, interval, now_ns - round(interval * 1e9), now_ns, attrs, rng)
-    return _with_resource(span, job, rank, world)
+    return heartbeat_span(rank, counter, interval, now_ns - round(interval * 1e9), now_ns, attrs, rng)
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Contract-conformant synthetic spans: the workload of the processor's tests and benchmarks.
 
-Built only from mycroft.schema names and helpers (trace ids via collective_trace_id,
-span ids via rank_span_id), so they look exactly like what instrumented ranks and the
-NCCL plugin send. Used where a real job would be too slow or too small: floods,
-throughput runs, native step detail on a CPU-only machine.
+Op spans and heartbeats come from the instrumentation's own encoders (spans.op_span,
+heartbeat_attributes, fed GroupInfo / OpRecord objects as a rank's recorder holds them, plus what
+the runtime adds: see made_up_job, pinned to a real rank by tests/faults/test_made_up_job.py);
+the native detail from mycroft.schema names and helpers (trace ids via collective_trace_id, span
+ids via rank_span_id), as the NCCL plugin's reader builds it. Used where a real job would be too
+slow or too small: floods, throughput runs, native step detail on a CPU-only machine.
 """
 
 from __future__ import annotations
@@ -12,69 +14,53 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from mycroft import schema
+from mycroft.faults import made_up_job
+from mycroft.instrumentation.groups import GroupInfo
+from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.spans import op_span
 from mycroft.otlp import AttrValue, SpanRecord
+
+C10D_API = "torch.distributed."
+
+
+def _group(gid: str, ranks: Sequence[int], rank: int) -> GroupInfo:
+    """A rank's GroupInfo of a group whose id is `gid` (the tests here name groups "g0", "g1")."""
+    members = tuple(ranks)
+    return GroupInfo(gid=gid, name=gid, desc="", ranks=members, ranks_text=schema.encode_ranks(members),
+                     group_rank=members.index(rank) if rank in members else -1, backend="gloo", pg=None)
 
 SERVICE = "synthetic-job"
 
 
 def resource(rank: int, job: str = SERVICE, world_size: int = 4) -> dict[str, AttrValue]:
-    return {
-        schema.RES_SERVICE_NAME: job,
-        schema.RES_JOB_ID: job,
-        schema.RES_RANK: rank,
-        schema.RES_WORLD_SIZE: world_size,
-        schema.RES_LOCAL_RANK: rank,
-        schema.RES_HOST_NAME: "localhost",
-    }
+    """A torchrun rank's resource (made_up_job.resource), on host "localhost"."""
+    return {**made_up_job.resource(job, rank, world_size), schema.RES_HOST_NAME: "localhost"}
 
 
 def collective_span(rank: int, seq: int, start_ns: int, end_ns: int, *, ranks: Sequence[int] = (0, 1, 2, 3),
                     op: str = schema.OP_ALL_REDUCE, group: str = "g0", nbytes: int = 1 << 20,
                     job: str = SERVICE, state: str = schema.STATE_COMPLETED) -> SpanRecord:
-    trace = schema.collective_trace_id(job, group, seq)
-    return SpanRecord(
-        trace_id=trace,
-        span_id=schema.rank_span_id(trace, rank),
-        name=op,
-        start_ns=start_ns,
-        end_ns=end_ns,
-        attributes={
-            schema.ATTR_SPAN_KIND: schema.KIND_COLLECTIVE,
-            schema.ATTR_OP: op,
-            schema.ATTR_GROUP_ID: group,
-            schema.ATTR_GROUP_SIZE: len(ranks),
-            schema.ATTR_GROUP_RANKS: schema.encode_ranks(ranks),
-            schema.ATTR_GROUP_RANK: list(ranks).index(rank) if rank in ranks else -1,
-            schema.ATTR_SEQ: seq,
-            schema.ATTR_BYTES: nbytes,
-            schema.ATTR_DTYPE: "float32",
-            schema.ATTR_BACKEND: "gloo",
-            schema.ATTR_STATE: state,
-            schema.ATTR_RANK: rank,
-        },
-        resource=resource(rank, job, len(ranks)),
-    )
+    record = OpRecord(C10D_API + op, op, _group(group, ranks, rank), seq, start_ns)
+    record.end_ns, record.bytes, record.dtype, record.state = end_ns, nbytes, "float32", state
+    span = op_span(record, job, rank)
+    span.resource = resource(rank, job, len(ranks))
+    return span
 
 
 def heartbeat_span(rank: int, counter: int, t_ns: int, job: str = SERVICE) -> SpanRecord:
+    """Rank `rank` of groups g0 and g1 (4 ranks each), its next op of g1 in flight."""
     trace = schema.collective_trace_id(job, "heartbeat", rank * 1_000_000 + counter)
-    return SpanRecord(
-        trace_id=trace,
-        span_id=schema.rank_span_id(trace, rank, "hb"),
-        name=schema.SPAN_HEARTBEAT,
-        start_ns=t_ns,
-        end_ns=t_ns,
-        attributes={
-            schema.ATTR_SPAN_KIND: schema.KIND_HEARTBEAT,
-            schema.ATTR_RANK: rank,
-            schema.ATTR_HB_COUNTER: counter,
-            schema.ATTR_HB_INTERVAL_S: 1.0,
-            schema.ATTR_HB_GROUP_IDS: ["g0", "g1"],
-            schema.ATTR_HB_GROUP_ISSUED: [counter, counter + 1],
-            schema.ATTR_HB_GROUP_COMPLETED: [counter - 1, counter],
-        },
-        resource=resource(rank, job),
-    )
+    groups = [_group("g0", range(4), rank), _group("g1", range(4), rank)]
+    groups[0].issued, groups[0].completed = counter, counter - 1
+    groups[1].issued, groups[1].completed = counter + 1, counter
+    inflight = OpRecord(C10D_API + schema.OP_ALL_REDUCE, schema.OP_ALL_REDUCE, groups[1], counter + 1,
+                        t_ns - 1_000_000)
+    inflight.bytes, inflight.dtype = 1 << 20, "float32"
+    span = made_up_job.rank_heartbeat(rank, counter, 1.0, t_ns, groups, [inflight], 0.0, comm_s=counter * 0.01,
+                                      ops_done=2 * counter - 1)
+    span.trace_id, span.span_id = trace, schema.rank_span_id(trace, rank, "hb")  # deterministic ids
+    span.resource = resource(rank, job)
+    return span
 
 
 def native_collective_span(rank: int, seq: int, start_ns: int, end_ns: int, *, algo: str = "Ring",

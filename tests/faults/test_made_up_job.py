@@ -141,6 +141,21 @@ def test_heartbeats_carry_every_attribute_of_a_real_ranks(real_rank: RealRank) -
     assert final.name == final_real.name and final.status_code == final_real.status.status_code.value
 
 
+def test_the_processors_made_up_spans_carry_the_real_attributes_too(real_rank: RealRank) -> None:
+    """made_up_spans (the collector's tests and benchmarks): the same encoders, the same pin."""
+    from mycroft.faults import made_up_spans as syn
+
+    real = real_rank.ops[schema.OP_ALL_REDUCE]
+    span = syn.collective_span(0, 1, 10, 1000)
+    _same(_keys(span.attributes), _keys(real.attributes), "made_up_spans collective attributes")
+    _same(_keys(span.resource), _resource_keys(real), "made_up_spans resource")
+    beat = syn.heartbeat_span(0, 3, 10**18)
+    real_live = _keys(real_rank.live.attributes) - {schema.ATTR_HB_STACK, schema.ATTR_HB_DIGEST_GROUP_IDS,
+                                                    schema.ATTR_HB_DIGEST_BLOCKS, schema.ATTR_HB_DIGEST_VALUES}
+    _same(_keys(beat.attributes), real_live, "made_up_spans heartbeat attributes")
+    assert beat.attributes[schema.ATTR_HB_INFLIGHT_GROUP_IDS] == ["g1"]
+
+
 def test_the_encoders_fill_what_made_up_heartbeats_lacked_by_hand() -> None:
     """The five attributes the hand encoding missed (issue 26), device-async ones on an NCCL group."""
     nccl = Group("tp", (0, 1), backend="nccl")

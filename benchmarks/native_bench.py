@@ -53,19 +53,28 @@ def hot_path(env: dict[str, str], lib: Path | None = None) -> dict[str, Any]:
     return {key: sorted(run[key] for run in runs)[1] for key in runs[0]}  # median of 3 medians
 
 
+def _table_functions(lib: Path) -> list[str]:
+    """The v6 table's start / stop / record functions in `lib` (their names changed with v7: a
+    toggle on a function the table's entry calls would switch collection off inside it)."""
+    names = set(subprocess.run(["nm", str(lib)], capture_output=True, text=True, check=True).stdout.split())
+    start = "start_v6" if "start_v6" in names else "start_v5"
+    stop = "stop_any" if "stop_any" in names else "core_stop"
+    return [start, stop, "record_any"]
+
+
 def callgrind_instructions(env: dict[str, str], lib: Path | None = None, n: int = 20000) -> dict[str, Any] | None:
-    """Instructions per ProxyStep, ProxyOp and Coll start/record/stop triple (None without valgrind)."""
+    """Instructions per ProxyStep, ProxyOp and Coll start/record/stop triple (None without valgrind);
+    with MYCROFT_NCCL_PROFILER_CHAIN in env, the chained plugin's work is counted in."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return None
     lib = lib or library_path()
+    toggles = [f"--toggle-collect={name}" for name in _table_functions(lib)]
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("step", "op", "coll"):
             proc = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out",
-                                   "--collect-atstart=no", "--toggle-collect=start_v5", "--toggle-collect=start_v6",
-                                   "--toggle-collect=core_stop", "--toggle-collect=stop_any",
-                                   "--toggle-collect=record_any", str(DRIVER), "calls", str(lib), str(n), kind],
+                                   "--collect-atstart=no", *toggles, str(DRIVER), "calls", str(lib), str(n), kind],
                                   env=env, capture_output=True, text=True, check=True)
             collected = re.search(r"Collected : ([0-9]+)", proc.stderr)
             assert collected, proc.stderr[-2000:]
@@ -159,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             "hot_path_median_ns_chained": chained,
             "chaining_added_ns": {key: round(chained[key] - alone[key], 1) for key in alone},
             "hot_path_instructions": callgrind_instructions(env),
+            "hot_path_instructions_chained": callgrind_instructions(
+                {**env, "MYCROFT_NCCL_PROFILER_CHAIN": str(BUILD_DIR / "libchain_counter.so")}),
             "clock": clock_check(env),
             "flood_c_reader_default_pools": flood_c_reader(args.seconds, env),
             "flood_c_reader_big_pools": flood_c_reader(args.seconds, big),

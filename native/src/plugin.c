@@ -652,7 +652,8 @@ static inline void record_step(mc_step_t* s, int state, const mcNcclProfilerEven
   atomic_store_explicit(&f->cur_step, s->step, memory_order_relaxed);
 }
 
-static mcNcclResult_t core_stop(void* h) {
+#define MC_INLINE static inline __attribute__((always_inline))
+MC_INLINE mcNcclResult_t core_stop(void* h) {
   if (MC_UNLIKELY(!h)) return mcNcclSuccess;
   switch (*(const uint8_t*)h) {
     case T_STEP: {
@@ -708,7 +709,7 @@ static mcNcclResult_t core_stop(void* h) {
   }
 }
 
-static mcNcclResult_t core_record(void* h, int state, const mcNcclProfilerEventStateArgs_v4_t* a) {
+MC_INLINE mcNcclResult_t core_record(void* h, int state, const mcNcclProfilerEventStateArgs_v4_t* a) {
   if (MC_UNLIKELY(!h)) return mcNcclSuccess;
   uint8_t type = *(const uint8_t*)h;
   if (MC_LIKELY(type == T_STEP)) {
@@ -1338,9 +1339,10 @@ static inline int proxy_side(uint64_t type) {
   return type == MC_EV_PROXY_OP || type == MC_EV_PROXY_STEP || type == MC_EV_KERNEL_CH || type == MC_EV_KERNEL_PHASE;
 }
 
-static inline void* core_start(mc_ctx_t* ctx, int fv, uint64_t type, void* parentObj, int rank, const void* u) {
-  if (MC_UNLIKELY(!(type & (uint64_t)atomic_load_explicit(&g.mask, memory_order_relaxed))))
-    return NULL; /* enabled for the chained plugin only */
+MC_INLINE void* core_start(mc_ctx_t* ctx, int fv, uint64_t type, void* parentObj, int rank, const void* u,
+                           int chained) {
+  /* alone, NCCL only sends what Mycroft's mask enables; chained, also what the other plugin asked for */
+  if (chained && !(type & (uint64_t)atomic_load_explicit(&g.mask, memory_order_relaxed))) return NULL;
   /* ProxyStep and KernelPhase never touch the context: their parent is our flow / channel */
   if (MC_LIKELY(type == MC_EV_PROXY_STEP)) return start_step(parentObj, ((const mcProxyStepDescr_t*)u)->step);
   switch (type) {
@@ -1409,7 +1411,7 @@ static inline void* chain_parent(mc_ctx_t* ctx, void* p) {
 static void* chain_start(mc_ctx_t* ctx, int fv, const void* d, size_t dsize, uint64_t type, void* parentObj,
                          int rank) {
   const char* u = (const char*)d + 24;
-  void* ours = core_start(ctx, fv, type, parentObj, rank, u);
+  void* ours = core_start(ctx, fv, type, parentObj, rank, u, 1);
   if (!(type & (uint64_t)atomic_load_explicit(&chain.mask, memory_order_relaxed) & chain_bits())) return ours;
   if (proxy_side(type) && !ctx_known(ctx)) return ours; /* its chain_ctx cannot be read (#1586) */
   if (!ctx->chain_ctx) return ours;
@@ -1464,7 +1466,7 @@ static void* chain_start(mc_ctx_t* ctx, int fv, const void* d, size_t dsize, uin
     mc_ctx_t* ctx = (mc_ctx_t*)context;                                                                \
     if (MC_UNLIKELY(!ctx || !d)) return mcNcclSuccess;                                                 \
     if (MC_LIKELY(!chain.lib))                                                                         \
-      *eHandle = core_start(ctx, FV, (uint64_t)(TYPE_EXPR), d->parentObj, d->rank, (const char*)d + 24); \
+      *eHandle = core_start(ctx, FV, (uint64_t)(TYPE_EXPR), d->parentObj, d->rank, (const char*)d + 24, 0); \
     else                                                                                               \
       *eHandle = chain_start(ctx, FV, d, sizeof *d, (uint64_t)(TYPE_EXPR), d->parentObj, d->rank);     \
     return mcNcclSuccess;                                                                              \

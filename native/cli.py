@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from mycroft.native import build, library_path
-from mycroft.native.ring import FILE_PREFIX, Ring, RingError, find_ring, pid_alive, ring_dir
+from mycroft.native.ring import FILE_PREFIX, Ring, RingError, fallback_dir, find_ring, pid_alive, ring_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,7 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     dump.add_argument("pid", type=int)
     dump.add_argument("--ring-dir", default=None, help="default: $MYCROFT_NATIVE_RING_DIR or /dev/shm")
     dump.add_argument("--header", action="store_true", help="first print the ring's counters")
-    clean = sub.add_parser("clean", help="remove rings left behind by processes that no longer exist")
+    clean = sub.add_parser("clean", help="remove rings left behind by processes that no longer exist "
+                                          "(in the ring dir and the fallback dir)")
     clean.add_argument("--ring-dir", default=None)
     return parser
 
@@ -60,7 +61,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.cmd == "clean":
         removed = 0
-        for path in ring_dir(args.ring_dir).glob(f"{FILE_PREFIX}*"):
+        dirs = dict.fromkeys([ring_dir(args.ring_dir), fallback_dir()])  # the same dir once
+        for path in (p for d in dirs for p in d.glob(f"{FILE_PREFIX}*")):
             suffix = path.name[len(FILE_PREFIX):]
             if suffix.isdigit() and not pid_alive(int(suffix)):
                 path.unlink(missing_ok=True)

@@ -90,13 +90,18 @@ def ring_path(pid: int, directory: str | os.PathLike[str] | None = None) -> Path
     return ring_dir(directory) / f"{FILE_PREFIX}{pid}"
 
 
+def fallback_dir() -> Path:
+    """Where the plugin puts its ring when the ring dir cannot hold it."""
+    return Path(os.environ.get(ENV_FALLBACK_DIR) or DEFAULT_FALLBACK_DIR)
+
+
 def find_ring(pid: int, directory: str | os.PathLike[str] | None = None) -> Path:
     """The ring of `pid`: in the ring dir, else in the fallback dir the plugin uses when the ring
     dir cannot hold it (full or missing /dev/shm); the ring dir's path when neither exists."""
     first = ring_path(pid, directory)
     if first.exists():
         return first
-    fallback = Path(os.environ.get(ENV_FALLBACK_DIR) or DEFAULT_FALLBACK_DIR) / f"{FILE_PREFIX}{pid}"
+    fallback = fallback_dir() / f"{FILE_PREFIX}{pid}"
     return fallback if fallback.exists() else first
 
 

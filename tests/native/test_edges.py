@@ -180,8 +180,13 @@ def test_cli_path_and_dispatcher(built: Path) -> None:
     assert Path(out).is_absolute() and Path(out) == built and Path(out).is_file()
 
 
-def test_cli_clean_removes_only_dead_processes_rings(ring_dir: Path, capsys) -> None:
+def test_cli_clean_removes_only_dead_processes_rings(ring_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    fallback = tmp_path / "fallback"
+    fallback.mkdir()
+    monkeypatch.setenv("MYCROFT_NATIVE_RING_FALLBACK_DIR", str(fallback))
     (ring_dir / f"mycroft-nccl-{os.getpid()}").write_bytes(b"x")
     (ring_dir / "mycroft-nccl-999999999").write_bytes(b"x")
+    (fallback / "mycroft-nccl-999999998").write_bytes(b"x")  # a ring that went to the fallback dir
     assert native_main(["clean", "--ring-dir", str(ring_dir)]) == 0
     assert [p.name for p in ring_dir.iterdir()] == [f"mycroft-nccl-{os.getpid()}"]
+    assert list(fallback.iterdir()) == [] and "removed 2 ring(s)" in capsys.readouterr().out

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import site
 import socket
@@ -149,6 +150,7 @@ class EmbeddedCollector:
         self.engine_used: Literal["rotel", "standalone"] | None = None
         self.fallback_reason: str | None = None  # why engine "rotel" runs standalone
         self._own_workdir = workdir is None
+        self._final_stats: dict[str, object] = {}  # what stats() said when stop() removed our temp workdir
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="mycroft-collector-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.batch_timeout = batch_timeout
@@ -345,12 +347,17 @@ class EmbeddedCollector:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Flush the processor's windows, then SIGTERM (both engines flush their exporters), SIGKILL
-        after `timeout`; returns the exit code."""
+        after `timeout`; returns the exit code. A work directory this object made is removed (its
+        last counters stay readable through stats())."""
         if self.proc is not None and self.proc.poll() is None:
             self.flush()
             if self.engine_used == "rotel":
                 time.sleep(0.3)  # rotel's batch timeout (100 ms) + export of the flushed spans
-        return self._halt(timeout)
+        code = self._halt(timeout)
+        if code is not None and self._own_workdir:
+            self._final_stats = self.stats()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return code
 
     def _halt(self, timeout: float = 10.0) -> int | None:
         proc, self.proc = self.proc, None
@@ -377,7 +384,7 @@ class EmbeddedCollector:
         try:
             return dict(json.loads(self.stats_file.read_text()))
         except (OSError, ValueError):
-            return {}
+            return dict(self._final_stats)
 
     def output_tail(self, lines: int = 30) -> str:
         """The last lines the engine printed (rotel.out or processor.out in the work directory)."""

@@ -83,6 +83,10 @@ class AnalysisConfig:
     # a holder that falls silent while its last stack was in an expected phase (a checkpoint holding the
     # GIL starves the heartbeat thread): a warning until silent this long, then critical
     paused_silence_grace_s: float = 10.0
+    # a rank silent without a final heartbeat while no rank waits on anything and none exited: a warning
+    # until silent this long (load starves heartbeat threads for a second or two); a frozen rank's peers
+    # soon wait on it (a hang, critical), a killed rank's launcher tears the job down (exits, critical)
+    unwaited_lost_grace_s: float = 5.0
     # frames of torch.distributed's process-group setup: a rank whose stack is in one waits for the
     # members of the group it creates (a rendezvous the spans do not show), not a root cause itself
     setup_frames: tuple[str, ...] = (" in new_group", " in new_subgroups", " in init_process_group",

@@ -486,7 +486,12 @@ def _torn_down_unseen(job: JobState, now: float, cfg: AnalysisConfig) -> list[in
     return _never_reported(job)[:256]
 
 
-def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig) -> Finding | None:
+def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig,
+                   waited_on: bool = True) -> Finding | None:
+    """Ranks silent without a final heartbeat. Critical, unless nothing corroborates the silence yet:
+    it began inside a compilation, or no rank waits on anything and none has exited (a rank starved
+    by load or a GIL-holding compiler is silent for a second or two; a frozen rank's peers soon wait
+    on it, which is a hang that pages; a killed one's launcher tears the others down, which exits them)."""
     if LOST not in status.values():  # a scan in C: nobody is lost in almost every pass
         return _teardown_finding(job, now, cfg)
     lost = [r for r, s in status.items() if s == LOST]
@@ -498,10 +503,15 @@ def _crash_finding(job: JobState, status: dict[int, str], now: float, cfg: Analy
     text = (f"{len(lost)} rank(s) stopped reporting without a final heartbeat: "
             f"{', '.join(str(rc.rank) for rc in causes[:8])}; {others[ALIVE]} alive, {others[EXITED]} exited")
     severity, reason = "", ""
-    if all(r in job.ranks and job.ranks[r].phase == schema.PHASE_COMPILING
-           and now - spoke_at(job, job.ranks[r]) < cfg.paused_silence_grace_s for r in lost):
+    silent_s = [now - spoke_at(job, job.ranks[r]) if r in job.ranks else math.inf for r in lost]
+    if all(job.ranks[r].phase == schema.PHASE_COMPILING and silent < cfg.paused_silence_grace_s
+           for r, silent in zip(lost, silent_s, strict=True)):
         severity, reason = WARNING, (f"silent while compiling (a compiler holding the GIL starves the heartbeat "
                                      f"thread); critical after {cfg.paused_silence_grace_s:g}s of silence")
+    elif not waited_on and not others[EXITED] and others[ALIVE] and max(silent_s) < cfg.unwaited_lost_grace_s:
+        severity, reason = WARNING, (f"no rank waits on the silent rank(s) yet and none exited (a heartbeat starved by "
+                                     f"load looks the same for a second); critical once peers wait on them or after "
+                                     f"{cfg.unwaited_lost_grace_s:g}s of silence")
     return Finding(job.job_id, CRASH, text, causes, {},
                    {"lost_ranks": sorted(lost)[:256], "alive": others[ALIVE], "exited": others[EXITED],
                     "lost_after_s": round(lost_after(job.ranks[lost[0]], cfg), 3)}, severity, reason)
@@ -684,7 +694,7 @@ def _analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding
         hang = _hang_finding(job, status, sweep, threshold, now, cfg)
         if hang is not None:
             return [hang]
-    crash = _crash_finding(job, status, now, cfg)
+    crash = _crash_finding(job, status, now, cfg, waited_on=bool(sweep.waiting))
     if crash is not None:
         return [crash]
     if ALIVE in status.values():

@@ -78,10 +78,11 @@ def test_a_holder_just_past_the_threshold_warns_then_pages_if_it_stays_out() -> 
 
 
 def _silent(t: float, phase: str) -> JobState:
-    """Rank 1's last heartbeat at t (in `phase`); the others keep beating and training."""
+    """Rank 1's last heartbeat at t (in `phase`, at a stack in no expected phase); the others keep
+    beating and training."""
     jobs: dict[str, JobState] = {}
     apply_records(jobs, [_phase(heartbeat("job", 1, 4, t, 1, [WORLD], [7], [7], idle_s=0.6,
-                                          stack=GENERATED), phase)], t, CFG)
+                                          stack=USER_STACK), phase)], t, CFG)
     for k, at in enumerate((t + 0.5, t + 1.0, t + 1.5, t + 2.0)):
         apply_records(jobs, [heartbeat("job", r, 4, at, 2 + k, [WORLD], [7], [7], idle_s=0.1) for r in (0, 2, 3)],
                       at, CFG)
@@ -98,5 +99,24 @@ def test_a_rank_silent_while_compiling_warns_until_the_grace_then_pages() -> Non
     apply_records({"job": job}, [heartbeat("job", r, 4, later, 90, [WORLD], [7], [7]) for r in (0, 2, 3)],
                   later, CFG)
     assert _severity(_top(job, later + 0.1)) == "critical"
-    # silent in training: killed or frozen, a page at once
-    assert _severity(_top(_silent(t, schema.PHASE_TRAINING), t + 2.1)) == "critical"
+
+
+def test_a_silent_rank_nobody_waits_on_warns_until_peers_wait_or_exit() -> None:
+    t = 500.0
+    quiet = _top(_silent(t, schema.PHASE_TRAINING), t + 2.1)
+    assert (quiet.kind, _severity(quiet)) == ("crash", "warning") and "no rank waits" in quiet.severity_reason
+    # its peers wait on it in their next collective: a hang naming it, which pages
+    job = _silent(t, schema.PHASE_TRAINING)
+    apply_records({"job": job}, [heartbeat("job", r, 4, t + 2.5, 50, [WORLD], [8], [7],
+                                           [InFlightOp(WORLD, 8, age_s=1.6)]) for r in (0, 2, 3)], t + 2.5, CFG)
+    waited = _top(job, t + 2.6)
+    assert (waited.kind, waited.root_causes[0].rank, waited.root_causes[0].kind, _severity(waited)) == \
+        ("hang", 1, "process_lost", "critical")
+    # the launcher tears the job down (the others exit): a crash that pages
+    job = _silent(t, schema.PHASE_TRAINING)
+    apply_records({"job": job}, [heartbeat("job", r, 4, t + 2.2, 60, [WORLD], [7], [7], final=True,
+                                           exit_reason="SIGTERM") for r in (0, 2, 3)], t + 2.2, CFG)
+    torn = _top(job, t + 2.3)
+    assert (torn.kind, _severity(torn)) == ("crash", "critical")
+    # nothing corroborates it, but the silence outlasts the grace
+    assert _severity(_top(_silent(t, schema.PHASE_TRAINING), t + CFG.unwaited_lost_grace_s + 0.1)) == "critical"

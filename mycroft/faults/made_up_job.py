@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mycroft import schema
+from mycroft.instrumentation.config import DEFAULT_TRACE_BUDGET
 from mycroft.instrumentation.digest import SignatureDigests
 from mycroft.instrumentation.groups import DEVICE_ASYNC_BACKENDS, GroupInfo
 from mycroft.instrumentation.recorder import OpRecord
@@ -34,6 +35,7 @@ def resource(job: str, rank: int, world: int, pid: int | None = None) -> dict[st
         schema.RES_WORLD_SIZE: world, schema.RES_LOCAL_RANK: rank, schema.RES_HOST_NAME: "host0",
         schema.RES_PROCESS_PID: pid or 1000 + rank, schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
         schema.RES_LAUNCHER: "torchrun", schema.RES_NODE_RANK: 0, schema.RES_LOCAL_WORLD_SIZE: world,
+        schema.RES_TRACE_BUDGET: DEFAULT_TRACE_BUDGET,
     }
 
 
@@ -149,11 +151,17 @@ def heartbeat(job: str, rank: int, world: int, at: float, counter: int, groups: 
 def rank_heartbeat(rank: int, counter: int, interval: float, now_ns: int, groups: Sequence[GroupInfo],
                    inflight: Sequence[OpRecord], idle_s: float, *, comm_s: float | None, ops_done: int,
                    digests: SignatureDigests | None = None, stack: str = "", final: bool = False,
-                   exit_reason: str = "") -> SpanRecord:
+                   exit_reason: str = "", spans: tuple[int, int, int] | None = None) -> SpanRecord:
     """A heartbeat as Runtime._heartbeat builds it from a recorder's groups and in-flight ops: the
-    encoder's arrays, then what the runtime adds beside them, in its order (no resource)."""
+    encoder's arrays, then what the runtime adds beside them, in its order (no resource).
+    spans: the trace budget's (kept, anomalies, sampled out) op spans so far; by default every
+    completed op's span kept, as under a budget the job does not reach."""
     attrs = heartbeat_attributes(groups, inflight, now_ns, idle_s)
     attrs[schema.ATTR_HB_DROPPED] = 0
+    kept, anomalies, sampled_out = spans if spans is not None else (ops_done, 0, 0)
+    attrs[schema.ATTR_HB_SPANS_KEPT] = kept
+    attrs[schema.ATTR_HB_SPANS_ANOMALIES] = anomalies
+    attrs[schema.ATTR_HB_SPANS_SAMPLED_OUT] = sampled_out
     if comm_s is not None:
         attrs[schema.ATTR_HB_COMM_S] = round(comm_s, 6)
         attrs[schema.ATTR_HB_OPS_DONE] = ops_done
@@ -188,6 +196,7 @@ class StepJob:
     now: float = 0.0
     counter: int = 0
     reports_work: bool = True  # False: heartbeats without comm_s / ops_done (the span-only rules)
+    trace_budget: float | None = DEFAULT_TRACE_BUDGET  # in the resource; None: a job run without one (inf)
     comm: list[float] = field(init=False)
     digests: list[SignatureDigests] = field(init=False)
 
@@ -210,7 +219,17 @@ class StepJob:
                 self.comm[r] += end - arrive
                 self.digests[r].add(self.group.id, self.seq, schema.OP_ALL_REDUCE, 4096, "float32")
             self.now = end
-        return out
+        return self._budgeted(out)
+
+    def _budgeted(self, spans: list[SpanRecord]) -> list[SpanRecord]:
+        """The spans with this job's trace budget in their resource (absent: no budget)."""
+        if self.trace_budget == DEFAULT_TRACE_BUDGET:
+            return spans
+        for span in spans:
+            span.resource.pop(schema.RES_TRACE_BUDGET, None)
+            if self.trace_budget is not None:
+                span.resource[schema.RES_TRACE_BUDGET] = self.trace_budget
+        return spans
 
     def heartbeats(self, at: float, blocked: dict[int, float] | None = None,
                    not_entered: Sequence[int] = (), silent: Sequence[int] = (),
@@ -233,4 +252,4 @@ class StepJob:
                                      [InFlightOp(self.group, nxt, age_s=age)],
                                      comm_s=self.comm[r] + age if self.reports_work else None, ops_done=self.seq,
                                      digests=self.digests[r]))
-        return out
+        return self._budgeted(out)

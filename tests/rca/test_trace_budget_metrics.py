@@ -70,7 +70,7 @@ def test_both_folds_read_the_counts_and_metrics_sum_them(as_text: bool, monkeypa
 
 
 def test_a_job_without_a_budget_has_no_budget_series() -> None:
-    job = StepJob("free", 2, t0=1000.0)
+    job = StepJob("free", 2, t0=1000.0, trace_budget=None)
     jobs: dict[str, state.JobState] = {}
     beats = _with_counts(job.heartbeats(job.now + 0.1), 1, None)
     state.apply_records(jobs, job.steps(2) + beats, job.now, AnalysisConfig())

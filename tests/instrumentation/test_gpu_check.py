@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mycroft import schema
 from mycroft.otlp import SpanRecord
 
@@ -86,6 +88,7 @@ def test_plugin_and_event_checks_read_the_rank_reports() -> None:
     assert not result["ok"] and "flow_done" in result["detail"]
 
 
+@pytest.mark.slow  # a subprocess that imports torch
 def test_on_a_machine_without_a_gpu_it_says_so_and_skips() -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

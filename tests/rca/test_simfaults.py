@@ -65,6 +65,7 @@ def test_each_fault_from_the_first_second_is_named(from_start: dict[str, dict[st
     assert run["detected_s"] is not None and 0 <= run["detected_s"] < 12.0, run
 
 
+@pytest.mark.slow  # real processes, seconds each
 def test_a_healthy_run_alongside_raises_nothing(runs: dict[str, dict[str, Any]]) -> None:
     run = runs["none"]
     assert run["right"] and run["incidents"] == [], run
@@ -137,6 +138,7 @@ def test_nic_down_flows_follow_the_ring_stall() -> None:
     assert all(a[schema.ATTR_HB_FLOW_AGES_S][0] >= 2.9 for a in attrs.values())  # type: ignore[index]
 
 
+@pytest.mark.slow  # real processes, seconds each
 def test_a_healthy_run_from_the_first_second_raises_nothing(from_start: dict[str, dict[str, Any]]) -> None:
     assert from_start["none"]["right"] and from_start["none"]["incidents"] == [], from_start["none"]
 

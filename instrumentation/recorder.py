@@ -382,7 +382,7 @@ class Recorder:
         for key, record in list(self.funcol_pending.items()):
             if record.group.completed > record.seq:
                 self.funcol_pending.pop(key, None)
-                self.complete(record, timing=schema.TIMING_POLLED)
+                self.complete(record, timing=schema.TIMING_INFERRED)
             elif not record.device and 0 < record.seq <= record.group.fr_completed:
                 # waited where we do not see it (compiled code, a tensor's first use): the Flight
                 # Recorder saw it finish; left in flight it would read as a transfer that never ends
@@ -396,7 +396,7 @@ class Recorder:
                 if record.group.fr_completed >= record.seq:
                     self.complete(record, timing=schema.TIMING_FLIGHT_RECORDER)
                 elif record.group.completed > record.seq:
-                    self.complete(record, timing=schema.TIMING_POLLED)
+                    self.complete(record, timing=schema.TIMING_INFERRED)
                 else:
                     keep.append(record)
             self.funcol_device = keep

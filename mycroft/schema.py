@@ -129,6 +129,7 @@ TIMING_POLLED: Final = "polled"  # end observed by a poller; accurate to the pol
 # added for device-async backends (NCCL: the call returns at enqueue; docs/instrumentation.md)
 TIMING_DEVICE_POLLED: Final = "device_polled"  # end: Work.is_completed() seen by the completion poller
 TIMING_FLIGHT_RECORDER: Final = "flight_recorder"  # end: the Flight Recorder's last completed seq (watchdog, ~100 ms)
+TIMING_INFERRED: Final = "inferred"  # end: a later op of the group completed first (an upper bound, maybe late)
 ATTR_CALL_S: Final = "mycroft.call_s"  # seconds the issuing call took on the host (NCCL: enqueue, not completion)
 
 # --------------------------------------------------------------------------------------

@@ -143,6 +143,10 @@ class GroupState:
     desc: str = ""  # the group's description (torch group_desc, e.g. "tp0"), from its op spans
     seqs: dict[int, SeqRecord] = field(default_factory=dict)
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    # of those, the ones whose end was seen where it happened (not the Flight Recorder's frontier, which
+    # notices a gloo op's end up to seconds late, nor inferred from a later op): what the adaptive hang
+    # threshold learns from
+    timed: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     op_spans: int = 0  # op spans folded into its seqs (the ends / starts of seqs change only with one)
     version: int = 0  # bumped with every change of its seq records (find_mismatches reads changed groups)
     # signature digests per block of seqs: block -> rank -> digest (schema.ATTR_HB_DIGEST_*)
@@ -318,6 +322,9 @@ def _group_table(job: JobState, rank: RankState, a: dict[str, Any], cfg: Analysi
 #: the trace budget's counts in a heartbeat -> the RankState field each folds into
 _SPAN_COUNTS = ((schema.ATTR_HB_SPANS_KEPT, "spans_kept"), (schema.ATTR_HB_SPANS_ANOMALIES, "spans_anomalies"),
                 (schema.ATTR_HB_SPANS_SAMPLED_OUT, "spans_sampled_out"))
+
+# ends noticed after the fact (the Flight Recorder's frontier; a later op of the group completing)
+_LATE_ENDS = frozenset({schema.TIMING_FLIGHT_RECORDER, schema.TIMING_INFERRED})
 
 _STEADY_PHASES = frozenset({"", None, schema.PHASE_TRAINING})  # a client that sends no phase is training
 
@@ -565,7 +572,10 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
     if done:
         rank.timeline.append((record.start_ns / 1e9, record.end_ns / 1e9, gid, seq))
         rec.ends[rank.rank] = record.end_ns / 1e9
-        group.durations.append(max(0.0, (record.end_ns - record.start_ns) / 1e9))
+        duration = max(0.0, (record.end_ns - record.start_ns) / 1e9)
+        group.durations.append(duration)
+        if a.get(schema.ATTR_TIMING) not in _LATE_ENDS:
+            group.timed.append(duration)
         if _advance(rank.completed, gid, seq):
             job.last_progress_at = received_at
             job.completions += 1

@@ -70,12 +70,16 @@ def statuses(job: JobState, now: float, cfg: AnalysisConfig) -> dict[int, str]:
 
 
 def hang_threshold(job: JobState, cfg: AnalysisConfig) -> float:
-    """Adaptive: a multiple of how long ops usually take in this job, never below the floor."""
+    """Adaptive: a multiple of how long ops usually take in this job, never below the floor.
+
+    Only ends seen where they happened count: compiled collectives on gloo end when the Flight
+    Recorder's frontier says so, seconds late, and learning from those once made a 6 s threshold
+    (tp_compiled in benchmarks/framework_matrix.py: the blocked rank named after 5-6 s)."""
     samples: list[float] = []
     for group in job.groups.values():
-        if not group.durations:
+        if not group.timed:
             continue  # no op span completed in it (a heartbeat-only job: every group, every pass)
-        samples.extend(list(group.durations)[-64:])
+        samples.extend(list(group.timed)[-64:])
         if len(samples) > 4096:
             break
     if len(samples) < 8:

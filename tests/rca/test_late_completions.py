@@ -10,6 +10,7 @@ waited for completions "on the way" forever, and the rank that really blocked wa
 
 from __future__ import annotations
 
+import pytest
 from mycroft.rca_service import graph as wfg
 from mycroft.rca_service.config import AnalysisConfig
 from mycroft.rca_service.state import JobState, apply_records
@@ -130,3 +131,24 @@ def test_the_memoized_graph_drops_the_edge_when_the_last_peer_finishes() -> None
     memo, fresh = passes(t + 0.45)
     assert memo == fresh, memo ^ fresh
     assert (wfg.rank_node(1), ("c", g.id, 7)) not in memo
+
+
+def test_ends_the_flight_recorder_noticed_late_do_not_raise_the_hang_threshold() -> None:
+    """Compiled collectives on gloo end when the Flight Recorder's frontier says so, seconds late:
+    the adaptive threshold learned 6 s from them, and a blocked rank was named after 5-6 s."""
+    from mycroft.rca_service.triggers import hang_threshold
+
+    g = Group("tp", (0, 1))
+    t = 600.0
+    lagged = []
+    for seq in range(1, 41):
+        for r in (0, 1):
+            span = collective("job", r, 2, g, seq, t + seq, t + seq + 1.5)  # the frontier saw it 1.5 s on
+            span.attributes[schema.ATTR_TIMING] = schema.TIMING_FLIGHT_RECORDER
+            lagged.append(span)
+    jobs: dict[str, JobState] = {}
+    apply_records(jobs, lagged, t + 50, CFG)
+    assert hang_threshold(jobs["job"], CFG) == CFG.hang_min_s
+    exact = [collective("job", r, 2, g, seq, t + seq, t + seq + 0.5) for seq in range(41, 81) for r in (0, 1)]
+    apply_records(jobs, exact, t + 90, CFG)
+    assert hang_threshold(jobs["job"], CFG) == pytest.approx(CFG.hang_factor * 0.5)  # from the exact ends only

@@ -189,6 +189,7 @@ def render() -> str:
                 continue
             placed.add(value)
             kind, meaning, example = MEANINGS.get(name, ("", comments.get(name, ""), ""))
+            meaning = meaning.replace("|", "\\|")  # a table cell: "a | b" in a comment stays one cell
             rows.append(f"| `{value}` | {kind} | {meaning} | {example} | `{name}` |")
         if rows:
             parts.append(f"\n## {title}\n\n| name | type | meaning | example | constant |\n|---|---|---|---|---|\n"

@@ -271,6 +271,23 @@ def _wait_tensor_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Ca
     return wrapper
 
 
+def _work_wait_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
+    """Work.wait, unchanged; the recorder knows a thread is inside it (Recorder.posted_only)."""
+    compiling = compiling_check()
+
+    @functools.wraps(original)
+    def wrapper(work: Any, *args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return original(work, *args, **kwargs)
+        recorder.wait_started()
+        try:
+            return original(work, *args, **kwargs)
+        finally:
+            recorder.wait_ended()
+
+    return wrapper
+
+
 COALESCING_API = C10D_PREFIX + "_coalescing_manager"
 
 
@@ -520,6 +537,9 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
         patcher.replace(owner, "destroy_process_group", destroy_wrapper)
 
     patcher.replace(sys.modules["torch"], "compile", _compile_wrapper)
+    work_type = getattr(getattr(sys.modules["torch"]._C, "_distributed_c10d", None), "Work", None)
+    if work_type is not None:
+        patcher.replace(work_type, "wait", lambda original: _work_wait_wrapper(recorder, original))
 
     try:
         import torch.distributed._functional_collectives as funcol

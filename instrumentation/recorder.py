@@ -132,6 +132,8 @@ class Recorder:
         self.funcol_pending: dict[int, OpRecord] = {}
         self.funcol_device: list[OpRecord] = []  # waited funcol ops of device-async groups
         self.failures_pending = False  # a failed op is queued: the runtime ships it at once
+        self.waiting = 0  # threads inside Work.wait() (patching's wrapper)
+        self._waiting_lock = threading.Lock()
         # time with at least one op in flight (cumulative): the rest is compute. Heartbeats carry
         # it, so the RCA sees per rank and per interval how much it computed vs waited (skew-free)
         self.comm_ns = 0
@@ -417,6 +419,21 @@ class Recorder:
 
     def snapshot_inflight(self) -> list[OpRecord]:
         return list(self.inflight.values())
+
+    def wait_started(self) -> None:
+        with self._waiting_lock:
+            self.waiting += 1
+
+    def wait_ended(self) -> None:
+        with self._waiting_lock:
+            self.waiting -= 1
+
+    def posted_only(self, inflight: list[OpRecord]) -> bool:
+        """Every op in flight is a host-side async c10d op whose call returned, and no thread waits on
+        a Work: the rank posted them and went on. gloo's p2p Works complete only inside wait(), so a
+        rank blocked in its own code after batch_isend_irecv would otherwise read as in a transfer."""
+        return bool(inflight) and not self.waiting and all(
+            record.async_op and record.call_end_ns and not record.device for record in inflight)
 
     def comm_seconds(self, now_ns: int) -> float:
         """Cumulative seconds this process had an op in flight, up to now."""

@@ -482,7 +482,10 @@ class Runtime:
         recorder = self.recorder
         self._read_frontier()  # pg_status only: fresh for the heartbeat
         inflight = recorder.snapshot_inflight()
-        idle_s = 0.0 if inflight else max(0.0, (now - recorder.last_activity_ns) / 1e9)
+        posted = recorder.posted_only(inflight)
+        since = max([recorder.last_activity_ns, *(record.call_end_ns for record in inflight)]) if posted else \
+            recorder.last_activity_ns
+        idle_s = 0.0 if inflight and not posted else max(0.0, (now - since) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
         counts = self.budget.counts
@@ -494,7 +497,9 @@ class Runtime:
         COMPILE_WATCH.poll()
         attributes[schema.ATTR_HB_PHASE] = schema.PHASE_COMPILING if COMPILE_WATCH.compiling else schema.PHASE_TRAINING
         attributes.update(self._digests.heartbeat_attributes())
-        if final_reason or (not inflight and idle_s >= self.config.stack_after_s) or \
+        if posted:
+            attributes[schema.ATTR_HB_POSTED_ONLY] = True
+        if final_reason or ((not inflight or posted) and idle_s >= self.config.stack_after_s) or \
                 self._waiting_elsewhere(inflight, now):
             stack = main_thread_stack(self.config.stack_depth)
             if stack:

@@ -5,7 +5,9 @@ Nodes are ranks ("r", rank) and the ops they wait in ("c", group, seq) for colle
 the members that block it (have not issued it, or are dead / gone). An op its peers have
 finished (every other member completed the collective; the receiver completed the send)
 is no wait: the rank's own completion is late to arrive (a wait the instrumentation could
-not see end, e.g. funcol's C++ wait_tensor), and the rank gets no edge to it. Routing through op
+not see end, e.g. funcol's C++ wait_tensor), and the rank gets no edge to it. Nor does a
+rank that posted its ops and waits on none (schema.ATTR_HB_POSTED_ONLY): it is in its own
+code, and may be the sink its peers wait on. Routing through op
 nodes keeps the graph O(ranks) even for a 16k-member group, and chains across groups
 (TP -> DP -> ...) fall out of following edges. Root causes are the sinks reachable from
 the hung ranks, or sink cycles (deadlock).
@@ -101,7 +103,7 @@ def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisCon
     intervals, slack = cfg.suspect_intervals, cfg.suspect_slack_s
     for rank in job.ranks.values():
         inflight = rank.inflight
-        if not inflight or status.get(rank.rank) != ALIVE:
+        if not inflight or rank.posted_only or status.get(rank.rank) != ALIVE:
             continue
         last = rank.last_hb_at
         spoke = last or (rank.first_seen if heartbeats else 0.0)  # triggers.late(), inlined
@@ -112,6 +114,7 @@ def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisCon
 
 
 _INFLIGHT = operator.attrgetter("inflight")
+_POSTED = operator.attrgetter("posted_only")
 _SHAPE = operator.attrgetter("seq", "group_id", "peer", "op")  # what the graph reads of an op in flight
 _FIRST = operator.itemgetter(0)
 
@@ -282,6 +285,8 @@ def wait_for(job: JobState, status: dict[int, str], waiting: Iterable[int], now:
     waiting = waiting if isinstance(waiting, set | frozenset) else set(waiting)
     if sweep is not None and sweep.watched is not None and sweep.oldest_heartbeat >= fresh_after:
         graphed = sweep.watched
+        if any(map(_POSTED, graphed)):  # in their own code: no edges (a new list: the memo compares members)
+            graphed = [rank for rank in graphed if not rank.posted_only]
     else:
         graphed = _graphed(job, status, now, cfg, fresh_after)
     epochs = sweep.epochs if sweep is not None and graphed is sweep.watched else None

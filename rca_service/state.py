@@ -100,10 +100,13 @@ class RankState:
     resource: Any = None  # the last record's resource dict (shared by the decoder: identity = unchanged)
     windows: dict[int, Any] = field(default_factory=dict)  # slowness.work_window's memo, by window length
     phase: str = ""  # schema.PHASE_*: importing / rendezvous before init_process_group returns, then training
+    # its last heartbeat: every op in flight was posted (async, call returned) and it waits on none of them;
+    # it is in its own code, not in a transfer (schema.ATTR_HB_POSTED_ONLY)
+    posted_only: bool = False
     phase_s: float = 0.0  # seconds in that phase as of the last heartbeat (start-up phases)
 
     def idle_at(self, now: float) -> float:
-        if self.inflight:
+        if self.inflight and not self.posted_only:
             return 0.0
         if not self.idle_observed_at:  # no heartbeat yet: idle since its first record at most
             return max(0.0, now - self.first_seen) if self.first_seen else 0.0
@@ -335,6 +338,7 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank's, its group table the one it sent last, every value of its usual type -- and answers 0,
     having changed nothing, for any other; then this function is the definition."""
     a = record.attributes
+    rank.posted_only = a.get(schema.ATTR_HB_POSTED_ONLY) is True
     if _fold_fast is not None and rank.phase in _STEADY_PHASES and a.get(schema.ATTR_HB_PHASE) in _STEADY_PHASES:
         # start-up heartbeats, and the first one after them, take the Python fold (it reads the phase)
         folded = _fold_fast.fold(job, rank, a, received_at, record.end_ns, cfg.max_stack_chars,

@@ -191,6 +191,14 @@ def _moved(job: JobState, node: wfg.Node, members: list[int]) -> bool:
     return receiver is not None and receiver.p2p_completed.get((node[1], node[2], node[3]), 0) >= node[4]
 
 
+def _posted_by_one_gone_on(job: JobState, node: wfg.Node, members: list[int]) -> bool:
+    """A member posted the op and waits on none of its ops (schema.ATTR_HB_POSTED_ONLY): on gloo a
+    posted op completes, as far as anyone can see, only inside wait(), so "everyone issued it and it
+    does not complete" says nothing of the transport while that member is in its own code."""
+    members = [node[2], node[3]] if node[0] == "p" else members
+    return any(rank.posted_only for rank in map(job.ranks.get, members) if rank)
+
+
 def _youngest_issue_age(job: JobState, node: wfg.Node, members: list[int], now: float) -> float:
     """How long ago the last member issued the op (0.0 when some member's issue age is not known)."""
     youngest = float("inf")
@@ -297,7 +305,7 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
             if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg, fresh_after) is None
                    for m in members):
                 return None  # a member just went quiet: it may be dead rather than the link; wait
-            if _moved(job, node, members):
+            if _moved(job, node, members) or _posted_by_one_gone_on(job, node, members):
                 continue  # not a cause; the ranks still in it are named through their other sinks, if any
             if _youngest_issue_age(job, node, members, now) < threshold:
                 return None  # the last member only just issued it: its completion is on the way; wait
@@ -306,6 +314,11 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
         rc.evidence["longest_wait_chain"] = " -> ".join(wfg.describe(n, job) for n in sink.longest)
         rc.evidence["blocked_ranks"] = sink.blast
         causes.append(rc)
+    if any(rc.rank is not None for rc in causes):
+        # a p2p both sides issued that does not complete, beside a rank that holds its peers: on gloo a
+        # posted p2p completes, as far as anyone sees, only in wait(), and a rank with several posted
+        # (pipelining's batch_isend_irecv) waits in one of them: the rank that holds them is the cause
+        causes = [rc for rc in causes if not (rc.kind == RC_LINK and rc.rank is None and "src" in rc.evidence)]
     # order: most blocking first; among lost ranks, the first to go silent first
     if not causes:
         return None

@@ -152,3 +152,40 @@ def test_ends_the_flight_recorder_noticed_late_do_not_raise_the_hang_threshold()
     exact = [collective("job", r, 2, g, seq, t + seq, t + seq + 0.5) for seq in range(41, 81) for r in (0, 1)]
     apply_records(jobs, exact, t + 90, CFG)
     assert hang_threshold(jobs["job"], CFG) == pytest.approx(CFG.hang_factor * 0.5)  # from the exact ends only
+
+
+def _pipeline(t: float, posted_rank: int | None) -> JobState:
+    """Three pipeline stages 0 -> 1 -> 2 (a p2p group). Rank 1 posted its send of seq 5 to rank 2 and
+    its recv of seq 6 from rank 0, and blocked in its own code (posted_only when `posted_rank` is 1);
+    rank 0 posted send 6 to rank 1 and waits in recv 5 from rank 1 (never sent); rank 2 waits in
+    recv 5 from rank 1, whose send reads in flight (gloo completes a posted send only in wait())."""
+    jobs: dict[str, JobState] = {}
+    pp = Group("pp", (0, 1, 2))
+    hb0 = heartbeat("job", 0, 3, t, 1, [pp], [0], [0], [InFlightOp(pp, 6, op=schema.OP_SEND, peer=1, age_s=5.0),
+                                                        InFlightOp(pp, 5, op=schema.OP_RECV, peer=1, age_s=5.0)])
+    hb1 = heartbeat("job", 1, 3, t, 1, [pp], [0], [0], [InFlightOp(pp, 5, op=schema.OP_SEND, peer=2, age_s=5.0),
+                                                        InFlightOp(pp, 6, op=schema.OP_RECV, peer=0, age_s=5.0)],
+                    idle_s=5.0, stack=STACK)
+    if posted_rank == 1:
+        hb1.attributes[schema.ATTR_HB_POSTED_ONLY] = True
+    hb2 = heartbeat("job", 2, 3, t, 1, [pp], [0], [0], [InFlightOp(pp, 5, op=schema.OP_RECV, peer=1, age_s=5.0)])
+    apply_records(jobs, [hb0, hb1, hb2], t, CFG)
+    return jobs["job"]
+
+
+def test_a_rank_that_posted_its_ops_and_went_on_is_named_not_a_link() -> None:
+    t = 700.0
+    findings = analyze_job(_pipeline(t, posted_rank=1), t + 0.1, CFG)
+    assert findings
+    top = findings[0].root_causes[0]
+    assert (top.rank, top.kind) == (1, "not_entered"), findings[0].text
+    assert all(rc.kind != "link" for rc in findings[0].root_causes), findings[0].text
+    assert top.evidence.get("stack") == STACK
+
+
+def test_without_the_posted_flag_the_same_picture_is_a_stalled_transfer() -> None:
+    """An older client (no posted_only): every rank reads as in a transfer both sides issued: a link
+    (what a real stalled link between 1 and 2 looks like too; the flag is what tells them apart)."""
+    t = 800.0
+    findings = analyze_job(_pipeline(t, posted_rank=None), t + 0.1, CFG)
+    assert findings and findings[0].root_causes[0].kind == "link", findings[0].text if findings else None

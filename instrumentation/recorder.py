@@ -429,11 +429,14 @@ class Recorder:
             self.waiting -= 1
 
     def posted_only(self, inflight: list[OpRecord]) -> bool:
-        """Every op in flight is a host-side async c10d op whose call returned, and no thread waits on
-        a Work: the rank posted them and went on. gloo's p2p Works complete only inside wait(), so a
-        rank blocked in its own code after batch_isend_irecv would otherwise read as in a transfer."""
+        """Every op in flight is a host-side async p2p op whose call returned, and no thread waits on a
+        Work: the rank posted them and went on. gloo's p2p Works complete only inside wait(), so a rank
+        blocked in its own code after batch_isend_irecv would otherwise read as in a transfer. Only p2p:
+        collectives are waited where Python does not see it too (DDP's reducer, funcol's wait_tensor,
+        compiled code), and a rank waiting there must keep its edges."""
         return bool(inflight) and not self.waiting and all(
-            record.async_op and record.call_end_ns and not record.device for record in inflight)
+            record.async_op and record.call_end_ns and not record.device and record.op in schema.P2P_OPS
+            for record in inflight)
 
     def comm_seconds(self, now_ns: int) -> float:
         """Cumulative seconds this process had an op in flight, up to now."""

@@ -150,10 +150,10 @@ ATTR_HB_FINAL: Final = "mycroft.hb.final"  # last heartbeat of the process
 ATTR_HB_EXIT_REASON: Final = "mycroft.hb.exit_reason"  # "exit", "SIGTERM", ...
 EXIT_REASON_ABORTED: Final = "mycroft_abort"  # the rank left on the RCA service's abort_job directive
 ATTR_HB_IDLE_S: Final = "mycroft.hb.idle_s"  # seconds since this rank last had an op in flight
-# true when every op in flight is an async c10d op whose call returned and no thread waits on a Work:
+# true when every op in flight is an async p2p op whose call returned and no thread waits on a Work:
 # the rank posted them and went on (gloo's p2p Works complete only in wait()); idle_s then counts
 # from the last call's return
-ATTR_HB_POSTED_ONLY: Final = "mycroft.hb.posted_only"  # every op in flight was posted (async, returned), none waited on
+ATTR_HB_POSTED_ONLY: Final = "mycroft.hb.posted_only"  # every op in flight is a posted p2p (returned), none waited on
 ATTR_HB_STACK: Final = "mycroft.hb.stack"  # main-thread Python stack, innermost last
 ATTR_HB_DROPPED: Final = "mycroft.hb.dropped"  # telemetry records dropped so far by this rank
 # op spans so far by what the trace budget did with them (instrumentation/sampling.py): sent under

@@ -60,3 +60,12 @@ def test_a_call_still_running_or_a_sync_op_is_not_posted() -> None:
     recorder = Recorder(1024)
     _posted(recorder, 1, schema.OP_SEND, async_op=False)  # dist.send: the call is the wait
     assert not recorder.posted_only(recorder.snapshot_inflight())
+
+
+def test_a_collective_is_never_posted_only() -> None:
+    """DDP's reducer and funcol wait for their collectives in C++ (no Work.wait in Python): a rank
+    waiting there must keep its wait-for edges."""
+    recorder = Recorder(1024)
+    _posted(recorder, 1, schema.OP_SEND)
+    _posted(recorder, 2, schema.OP_ALL_REDUCE)
+    assert not recorder.posted_only(recorder.snapshot_inflight())

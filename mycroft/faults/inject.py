@@ -177,7 +177,9 @@ def job_command(nproc: int, master_port: int, module: str = "mycroft.faults.faul
 
 def job_env(rca_grpc: str, job: str, fault: str, rank: int, step: int, steps: int, onset_file: str,
             heartbeat: float, step_s: float) -> dict[str, str]:
-    env = dict(os.environ)
+    # not MYCROFT_STARTUP_PID: it marks this process's children as its own helpers (no start-up reports);
+    # an instrumented harness (a notebook, a test process) launching a job must not pass it on
+    env = {key: value for key, value in os.environ.items() if key != "MYCROFT_STARTUP_PID"}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{rca_grpc}", OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
         OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",

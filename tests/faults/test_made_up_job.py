@@ -50,7 +50,10 @@ def real_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealRank]:
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
-        patch.delenv(STARTUP_OWNER_ENV, raising=False)  # start_reporting sets it: restored afterwards
+        # start_reporting sets it; setenv (not delenv, which records nothing when the variable is absent)
+        # makes the context remove it afterwards: left behind, every job a later test launched inherited
+        # it, and its ranks took themselves for a DataLoader worker of this process (no start-up reports)
+        patch.setenv(STARTUP_OWNER_ENV, "")
         exporter = InMemorySpanExporter()
         provider = TracerProvider(resource=Resource.create({}))
         provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc  # noqa: E402
 
-from benchmarks.processor_throughput import CountingSink, free_port, workload  # noqa: E402
+from benchmarks.processor_throughput import CountingSink, free_port, serve_sink, workload  # noqa: E402
 from mycroft import schema  # noqa: E402
 from mycroft.faults import made_up_spans as syn  # noqa: E402
 from mycroft.otlp import request_from_records  # noqa: E402
@@ -128,16 +127,6 @@ class TimingSink(CountingSink):
         return super().Export(request, context)
 
 
-def timing_sink() -> tuple[TimingSink, grpc.Server, int]:
-    sink = TimingSink()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
-                         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return sink, server, port
-
-
 class HeartbeatProbe(threading.Thread):
     """One heartbeat every 0.1 s on its own channel; sent times by span id."""
 
@@ -165,7 +154,7 @@ class HeartbeatProbe(threading.Thread):
 
 def run_once(engine: str, requests: list[Any], spans: int, expected_summaries: int,
              rate: float | None) -> dict[str, Any]:
-    sink, server, sink_port = timing_sink()
+    sink, server, sink_port = serve_sink(TimingSink())
     grpc_port, http_port = free_port(), free_port()
     workdir = tempfile.mkdtemp(prefix=f"mycroft-bench-{engine}-")
     command = [str(BIN / "mycroft"), "collector", "run", "--engine", engine, "--otlp-grpc", f"127.0.0.1:{grpc_port}",

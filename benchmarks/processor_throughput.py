@@ -29,7 +29,7 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from mycroft.collector_processor.config import ProcessorConfig
@@ -117,14 +117,21 @@ class CountingSink(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def counting_sink() -> tuple[CountingSink, grpc.Server, int]:
-    sink = CountingSink()
+Sink = TypeVar("Sink", bound=CountingSink)
+
+
+def serve_sink(sink: Sink) -> tuple[Sink, grpc.Server, int]:
+    """A gRPC OTLP trace server on a free local port, answered by `sink`."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return sink, server, port
+
+
+def counting_sink() -> tuple[CountingSink, grpc.Server, int]:
+    return serve_sink(CountingSink())
 
 
 def _ready(proc: subprocess.Popen[str]) -> dict[str, Any]:

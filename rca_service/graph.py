@@ -86,12 +86,17 @@ def _peers_finished(unfinished: list[int], members: tuple[int, ...], me: int) ->
     return bool(members) and (not unfinished or unfinished == [me])
 
 
+def received(job: JobState, gid: str, src: int, dst: int, seq: int) -> bool:
+    """The receiver completed its recv of p2p seq `seq` from `src`: the data arrived."""
+    receiver = job.ranks.get(dst)
+    return receiver is not None and receiver.p2p_completed.get((gid, src, dst), 0) >= seq
+
+
 def _receiver_finished(job: JobState, me: RankState, op: InFlight) -> bool:
     """The receiver of this send completed its recv: the data arrived, the send is done."""
     if op.op != schema.OP_SEND:
         return False  # a completed send does not say the data arrived (it may sit in a buffer)
-    peer = job.ranks.get(op.peer)
-    return peer is not None and peer.p2p_completed.get((op.group_id, me.rank, op.peer), 0) >= op.seq
+    return received(job, op.group_id, me.rank, op.peer, op.seq)
 
 
 def _graphed(job: JobState, status: dict[int, str], now: float, cfg: AnalysisConfig,
@@ -253,15 +258,12 @@ def _blockers_hold(job: JobState, status: dict[int, str], built: _Built) -> bool
         return False
     ranks = job.ranks
     for (node, peer), op in built.unfinished.items():
-        if peer < 0:
-            continue  # a group of unknown members: a change of its members rebuilds (above)
-        rank = ranks.get(peer)
-        if rank is None:
-            continue  # never reported: the first report changes the rank objects, which rebuilds
-        if op is None:
-            if rank.completed.get(node[1], 0) >= node[2]:
+        if op is not None:
+            if op.op == schema.OP_SEND and received(job, *node[1:]):
                 return False
-        elif op.op == schema.OP_SEND and rank.p2p_completed.get((node[1], node[2], node[3]), 0) >= node[4]:
+            continue
+        rank = ranks.get(peer)  # None: never reported (its first report changes the rank objects, which rebuilds)
+        if rank is not None and rank.completed.get(node[1], 0) >= node[2]:
             return False
     for node, member, op in built.blockers:
         if op is None:

@@ -187,8 +187,7 @@ def _moved(job: JobState, node: wfg.Node, members: list[int]) -> bool:
     not a stalled transport."""
     if node[0] == "c":
         return any(rank.completed.get(node[1], 0) >= node[2] for rank in map(job.ranks.get, members) if rank)
-    receiver = job.ranks.get(node[3])
-    return receiver is not None and receiver.p2p_completed.get((node[1], node[2], node[3]), 0) >= node[4]
+    return wfg.received(job, *node[1:])
 
 
 def _posted_by_one_gone_on(job: JobState, node: wfg.Node, members: list[int]) -> bool:

@@ -15,9 +15,13 @@ class AnalysisConfig:
     hang_min_s: float = 1.0
     hang_factor: float = 6.0
     hang_max_s: float = 120.0
-    # start-up: ranks waiting in rendezvous (init_process_group) this long for ranks that are not
-    # there name those (a warning); critical once the wait exceeds startup_budget_s
-    startup_min_s: float = 2.0
+    # start-up: ranks waiting in rendezvous (init_process_group) for ranks that are not there name
+    # those (a warning) once the wait lasts max(startup_min_s, startup_spread_factor * the spread of
+    # the waiting ranks' arrivals): ranks that arrived together and then wait name the absent one in
+    # a second; a large job whose ranks trickle in over many seconds waits in proportion.
+    # Critical once the wait exceeds startup_budget_s
+    startup_min_s: float = 1.0
+    startup_spread_factor: float = 3.0
     startup_budget_s: float = 60.0
     # lost heartbeats: silent for lost_intervals * interval + lost_slack_s
     lost_intervals: float = 2.5

@@ -731,16 +731,27 @@ def _node_hosts(job: JobState) -> tuple[dict[int, str], int]:
     return hosts, per_node
 
 
+def startup_threshold_s(waits: list[float], hb_interval: float, cfg: AnalysisConfig) -> float:
+    """How long ranks may wait in rendezvous before the absent ones are named: the floor, one heartbeat
+    interval (a rank's first heartbeat may be that late), or a multiple of how far apart the waiting
+    ranks arrived, whichever is longest."""
+    spread = max(waits) - min(waits) if waits else 0.0
+    return max(cfg.startup_min_s, hb_interval, cfg.startup_spread_factor * spread)
+
+
 def _startup_finding(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:
     """A start-up hang: ranks wait in rendezvous (init_process_group) for ranks of the world that are
     not there -- still before init (importing, loading data: its stack says where), or never heard
-    from at all (not started, or stuck before Python ran). Named once the wait lasts startup_min_s;
-    critical after startup_budget_s (a slow import is normal for seconds, not for a minute)."""
+    from at all (not started, or stuck before Python ran). Named once the wait lasts startup_min_s, or
+    startup_spread_factor times the spread of the waiting ranks' arrivals when they trickled in (a rank
+    of a large job may arrive seconds after the first without being stuck); critical after
+    startup_budget_s (a slow import is normal for seconds, not for a minute)."""
     waiting = [r for r in job.ranks.values() if r.phase == schema.PHASE_RENDEZVOUS and not r.final]
     if not waiting or job.world_size <= 0:
         return None
-    wait_s = max(r.phase_s + max(0.0, now - r.last_hb_at) for r in waiting)
-    if wait_s < max(cfg.startup_min_s, 2 * job.hb_interval):
+    waits = [r.phase_s + max(0.0, now - r.last_hb_at) for r in waiting]
+    wait_s = max(waits)
+    if wait_s < startup_threshold_s(waits, job.hb_interval, cfg):
         return None
     absent = [r for r in range(job.world_size)
               if r not in job.ranks or job.ranks[r].phase in ("", schema.PHASE_IMPORTING) or job.ranks[r].final]

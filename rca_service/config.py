@@ -21,7 +21,7 @@ class AnalysisConfig:
     # a second; a large job whose ranks trickle in over many seconds waits in proportion.
     # Critical once the wait exceeds startup_budget_s
     startup_min_s: float = 1.0
-    startup_spread_factor: float = 3.0
+    startup_spread_factor: float = 2.0
     startup_budget_s: float = 60.0
     # lost heartbeats: silent for lost_intervals * interval + lost_slack_s
     lost_intervals: float = 2.5

@@ -50,9 +50,9 @@ def test_ranks_that_arrived_together_name_the_absent_one_after_a_second() -> Non
 def test_ranks_that_trickled_in_wait_in_proportion() -> None:
     t = 50.0
     job = _job(t, {0: 1.5, 1: 1.0, 2: 0.0}, {3: 4.0})  # arrived 1.5 s apart: a big job's spread
-    assert startup_threshold_s([1.5, 1.0, 0.0], 0.5, CFG) == 4.5
-    assert not _startup_findings(job, t + 2.0)  # waited 3.5 s of 4.5 s
-    assert _startup_findings(job, t + 3.1)
+    assert startup_threshold_s([1.5, 1.0, 0.0], 0.5, CFG) == 3.0
+    assert not _startup_findings(job, t + 1.4)  # waited 2.9 s of 3 s
+    assert _startup_findings(job, t + 1.6)
 
 
 def test_a_rank_never_heard_from_is_named_and_the_floor_is_one_interval() -> None:

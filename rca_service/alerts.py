@@ -32,8 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .findings import at_least
-from .incidents import REFRESHED, RESOLVED, Incident, rfc3339
-from .pages import root_cause_line
+from .incidents import REFRESHED, RESOLVED, Incident, rfc3339, root_cause_line
 from .store import Store
 
 log = logging.getLogger("mycroft.rca.alerts")

@@ -14,8 +14,7 @@ import threading
 import time
 from typing import Any
 
-from .config import AnalysisConfig
-from .pauses import DEFAULT_PHASES, Phase
+from .config import DEFAULT_PHASES, AnalysisConfig, Phase
 
 _DEFAULTS = AnalysisConfig()
 

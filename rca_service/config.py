@@ -1,10 +1,47 @@
-"""Analysis thresholds in one place, so tests, the service and the CLI agree on them."""
+"""Analysis thresholds in one place, so tests, the service and the CLI agree on them: the numbers, and
+the expected phases (pauses.py) with their stack patterns and budgets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .pauses import DEFAULT_PHASES, Phase
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """An expected phase, recognised by a regular expression over the holder's stack."""
+
+    name: str
+    pattern: str
+    budget_s: float
+    # when set, the innermost frame must match it too: the rank is inside the library's own
+    # machinery, not in user code that the library called (a block in a graph break's eager
+    # code runs under torch/_dynamo frames, and is no compilation)
+    innermost: str = ""
+
+
+COMPILATION = "compilation"  # the phase a rank that reports it is compiling (schema.PHASE_COMPILING) is in
+
+
+# library code, or code a library generated and runs (FX's `<eval_with_key>.N`, dataclasses' and
+# namedtuple's exec'd `<string>`): no user file, so no block the user wrote
+_LIBRARY_FRAME = r"site-packages/|dist-packages/|<frozen |/lib/python3\.\d+/|^<eval_with_key>|^<string>:"
+
+# Defaults: frames of the usual libraries and the usual names. The budget is how long
+# such a pause may last before it pages someone.
+DEFAULT_PHASES: tuple[Phase, ...] = (
+    Phase("checkpoint", r"checkpoint|ckpt|torch/serialization\.py|safetensors|in save(_\w+)?$|"
+                        r"in _?save_state|in write_(state|shard)", 600.0),
+    Phase("evaluation", r"in _?(eval|evaluate|evaluation|validate|validation|val_step|eval_step|test_step)"
+                        r"(_\w+)?$", 600.0),
+    Phase("data loading", r"torch/utils/data/|dataloader|in _?(load|next|fetch|get|prefetch)_?\w*batch\w*$|"
+                          r"in __next__$", 120.0),
+    # the first steps of a compiled model: ranks compile (or run a freshly compiled graph's
+    # wrappers) at different speeds, minutes for a large model, while their peers wait
+    Phase(COMPILATION, r"torch/_dynamo/|torch/_inductor/|torch/_functorch/|torch/fx/|triton/compiler", 900.0,
+          innermost=_LIBRARY_FRAME),
+    # torch imports much lazily on first use (DTensor's op strategies, inductor's passes)
+    Phase("importing", r"<frozen importlib\._bootstrap", 300.0, innermost=_LIBRARY_FRAME),
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -286,3 +286,17 @@ class IncidentTracker:
         incident.updated_at = now
         incident.evidence = {**incident.evidence, "resolved_because": reason}
         return Event("resolved", incident)
+
+
+def cause_who(cause: dict[str, Any]) -> str:
+    """Who a root cause (as the API serves it) names: a rank, or the link when it names none."""
+    return "link / transport" if cause.get("rank") is None else f"rank {cause['rank']}"
+
+
+def root_cause_line(incident: dict[str, Any]) -> str:
+    """One line for an alert or a list of incidents: who, what kind, and why."""
+    causes = incident.get("root_causes") or []
+    if not causes:
+        return str(incident.get("summary", ""))[:300]
+    top = causes[0]
+    return f"{cause_who(top)} ({top.get('kind')}): {top.get('evidence', {}).get('text', '')}"[:500]

@@ -16,6 +16,8 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from .incidents import cause_who, root_cause_line
+
 NODE_W, NODE_H = 176, 42
 COL_W, ROW_H = 236, 58
 PAD = 16
@@ -321,19 +323,6 @@ def _page(title: str, body: str) -> str:
             f"<strong>Mycroft</strong></header><main>{body}</main></body></html>")
 
 
-def _who(cause: dict[str, Any]) -> str:
-    return "link / transport" if cause.get("rank") is None else f"rank {cause['rank']}"
-
-
-def root_cause_line(incident: dict[str, Any]) -> str:
-    """One line for an alert: who, what kind, and why."""
-    causes = incident.get("root_causes") or []
-    if not causes:
-        return str(incident.get("summary", ""))[:300]
-    top = causes[0]
-    return f"{_who(top)} ({top.get('kind')}): {top.get('evidence', {}).get('text', '')}"[:500]
-
-
 def _flows_table(flows: list[dict[str, Any]]) -> str:
     head = ("<table class=\"flows\"><tr><th>rank</th><th>peer</th><th>side</th><th>channel</th><th>seq</th>"
             "<th>GPU-ready</th><th>transmitted</th><th>done</th><th>steps</th><th>state</th><th>suspect</th></tr>")
@@ -383,7 +372,7 @@ def incident_page(incident: dict[str, Any], api_base: str = "") -> str:
     body.append("<h2>Root cause</h2>")
     for cause in (incident.get("root_causes") or [])[:8]:
         ev = cause.get("evidence") or {}
-        part = [f'<div class="cause" data-rank="{esc(cause.get("rank"))}"><strong>{esc(_who(cause))}: '
+        part = [f'<div class="cause" data-rank="{esc(cause.get("rank"))}"><strong>{esc(cause_who(cause))}: '
                 f'{esc(cause.get("kind"))}</strong><div>{esc(ev.get("text", ""))}</div>']
         if ev.get("longest_wait_chain"):
             part.append(f'<div class="muted">longest wait chain: {esc(ev["longest_wait_chain"])}</div>')

@@ -18,7 +18,6 @@ from mycroft.otlp import SpanRecord
 
 from . import admission
 from .config import AnalysisConfig
-from .pauses import LearnedPause
 
 _fold_fast: ModuleType | None
 try:  # the compiled heartbeat fold (built by `pip install`, optional): see _apply_heartbeat
@@ -36,6 +35,16 @@ FLOW_KEYS = frozenset(value for name, value in vars(schema).items()
 
 Sig = tuple[str, int, str]  # (op, bytes, dtype) of one rank's op at one seq
 P2PKey = tuple[str, int, int]  # (group id, src, dst)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedPause:
+    """A pause this job made before and came back from."""
+
+    rank: int
+    signature: str
+    longest_s: float
+    times: int
 
 
 @dataclass(slots=True)

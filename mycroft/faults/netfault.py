@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .processes import job_env, kill_tree
+from .scoring import score
+
 NET_FAULTS = ("linkdown", "throttle")
 
 
@@ -119,8 +122,6 @@ def apply(topo: Topology, fault: str, rank: int) -> None:
 def launch(topo: Topology, rca_grpc: str, job: str, fault_rank: int, step: int, steps: int, work: str,
            heartbeat: float, step_s: float, log_path: str) -> list[subprocess.Popen[bytes]]:
     """One torchrun per namespace (one node per rank)."""
-    from .inject import job_env
-
     bin_dir = Path(sys.executable).parent
     master_port = 29500 + int(topo.tag, 16) % 20000
     procs = []
@@ -142,8 +143,6 @@ def launch(topo: Topology, rca_grpc: str, job: str, fault_rank: int, step: int, 
 def run_net(rca: Any, fault: str, nproc: int, rank: int, step: int, heartbeat: float, step_s: float,
             timeout_s: float, log_dir: str | None, result: Any, topo: Topology) -> Any:
     """Like inject.run_one, for a network fault on an existing topology; fills `result`."""
-    from .inject import kill_tree, score
-
     work = tempfile.mkdtemp(prefix="mycroft-netfault-")
     log_path = os.path.join(log_dir or work, f"{result.job}.log")
     procs = launch(topo, rca.otlp_grpc, result.job, rank, step, step + 100_000, work, heartbeat, step_s,

@@ -137,3 +137,10 @@ def percentile(values: list[float], q: float) -> float | None:
     k = (len(ordered) - 1) * q
     lo, hi = int(k), min(len(ordered) - 1, int(k) + 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def score(fault: str, rank: int, onset: float, incidents: list[dict[str, Any]]) -> tuple[dict[str, Any] | None,
+                                                                                        bool, int]:
+    """(the first non-info incident after the onset, correct?, false alarms): for the network runs."""
+    d = diagnose(fault, rank, onset, incidents)
+    return d.incident, d.correct, d.false_alarms

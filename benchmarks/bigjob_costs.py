@@ -21,7 +21,7 @@ import sys
 import time
 
 from mycroft.rca_service import service as service_mod
-from mycroft.rca_service.engine import Engine
+from mycroft.rca_service.incidents.engine import Engine
 
 from mycroft.faults.bigjob import BigJob, Layout
 from mycroft.otlp import DecodeCache, decode_protobuf

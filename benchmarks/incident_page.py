@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from mycroft.rca_service.analysis.verdict import analyze_job
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.incidents import IncidentTracker
-from mycroft.rca_service.pages import incident_page
-from mycroft.rca_service.verdict import analyze_job
+from mycroft.rca_service.incidents.tracker import IncidentTracker
+from mycroft.rca_service.web.pages import incident_page
 from rca_analysis import build
 
 

@@ -16,9 +16,9 @@ import statistics
 import sys
 import time
 
+from mycroft.rca_service.analysis.verdict import analyze_job
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.verdict import analyze_job
+from mycroft.rca_service.ingest.state import JobState, apply_records
 
 from mycroft.faults.made_up_job import Group, InFlightOp, collective, heartbeat
 

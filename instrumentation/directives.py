@@ -1,6 +1,6 @@
 """The rank side of `abort_job`: one long-poll per host, relayed to every rank of it, then a prompt exit.
 
-The RCA service publishes an abort for a job (rca_service/directives.py, docs/actions.md). At
+The RCA service publishes an abort for a job (rca_service/incidents/directives.py, docs/actions.md). At
 16,384 ranks a poll per rank would be 16k connections, so the ranks of one host elect one
 poller: the rank holding an exclusive `flock` on a per-job file in /dev/shm (the kernel
 releases it when that process dies, and another rank takes over within RETRY_LOCK_S). It

@@ -28,7 +28,7 @@ ROLE_ADMIN = "admin"
 ROLES = (ROLE_INGEST, ROLE_READ, ROLE_ADMIN)
 
 #: The run of a job whose id another live run already holds is kept apart as "JOB#RUN"
-#: (rca_service.state); job patterns match the JOB part.
+#: (rca_service.ingest.state); job patterns match the JOB part.
 RUN_SEPARATOR = "#"
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")

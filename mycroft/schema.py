@@ -237,7 +237,7 @@ ATTR_NCCL_COPY_ENGINE: Final = "mycroft.nccl.copy_engine"  # bool: a copy-engine
 ATTR_NCCL_KERNEL_PHASE: Final = "mycroft.nccl.kernel_phase"  # initial_sync | compute | final_sync
 ATTR_NCCL_STALE: Final = "mycroft.nccl.stale"  # bool: kernel channel whose stop never came (NCCL PR #2221)
 # in-flight kernel channels and collectives (parallel arrays): intra-node evidence without proxy events;
-# named ATTR_HB_FLOW_* so the RCA's heartbeat fold (rca_service/state.py FLOW_KEYS) keeps them with the flows
+# named ATTR_HB_FLOW_* so the RCA's heartbeat fold (rca_service/ingest/state.py FLOW_KEYS) keeps them with the flows
 ATTR_HB_FLOW_KCH_COMMS: Final = "mycroft.hb.kch.comms"  # NCCL commHash, hex
 ATTR_HB_FLOW_KCH_SEQS: Final = "mycroft.hb.kch.seqs"  # NCCL seq of each channel's collective (-1: unknown)
 ATTR_HB_FLOW_KCH_CHANNELS: Final = "mycroft.hb.kch.channels"  # NCCL channel id
@@ -260,7 +260,7 @@ FLOW_STATE_NOT_DELIVERED: Final = "not_delivered"  # T > D
 FLOW_STATE_GPU_NOT_READY: Final = "gpu_not_ready"  # G = T = D > 0, behind the peers
 FLOW_STATE_COMPLETE: Final = "complete"
 # where a collective stands on a rank when only kernel-channel evidence exists (intra-node, no proxy
-# events: rca_service/kernel_progress.py)
+# events: rca_service/analysis/kernel_progress.py)
 KERNEL_STATE_RUNNING: Final = "kernel_running"  # its kernel started on the GPU and has not finished
 KERNEL_STATE_NOT_STARTED: Final = "kernel_not_started"  # enqueued, its kernel not started on the GPU
 KERNEL_STATE_NOT_ENQUEUED: Final = "not_enqueued"  # the rank's NCCL has not been given the collective

@@ -71,7 +71,7 @@ def _config(args: argparse.Namespace) -> AnalysisConfig:
 def _serve(args: argparse.Namespace) -> int:
     from mycroft.security_cli import security_options
 
-    from .action_policy import PolicyError, load_policy
+    from .incidents.action_policy import PolicyError, load_policy
     from .service import RcaService, ServiceOptions, raise_fd_limit, tune_gc
 
     tune_gc()
@@ -106,8 +106,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> list[Any]:
-    from .flight_recorder import load_dumps
-    from .loaders import load_jaeger, load_otlp_file, load_tempo
+    from .postmortem.flight_recorder import load_dumps
+    from .postmortem.loaders import load_jaeger, load_otlp_file, load_tempo
 
     records: list[Any] = []
     for path in args.otlp_json or []:
@@ -144,8 +144,8 @@ def _said(backend: str, pulled: Any) -> list[Any]:
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from .loaders import LoadError
-    from .offline import replay
+    from .postmortem.loaders import LoadError
+    from .postmortem.offline import replay
 
     try:
         records = _load(args)
@@ -159,7 +159,7 @@ def _analyze(args: argparse.Namespace) -> int:
     incidents = [inc.to_dict() for inc in result.incidents]
     if args.export:
         try:
-            from . import frames
+            from .postmortem import frames
         except ImportError:
             print("mycroft rca analyze: --export needs pandas: pip install 'mycroft-tracing[analysis]'",
                   file=sys.stderr)
@@ -167,7 +167,7 @@ def _analyze(args: argparse.Namespace) -> int:
         for path in frames.from_records(records).export(args.export):
             print(f"wrote {path}", file=sys.stderr)
     if args.html:
-        from .pages import report_page
+        from .web.pages import report_page
 
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(report_page(incidents))

@@ -22,19 +22,19 @@ from mycroft.otlp import DecodeCache, SpanRecord, keep_only_named, keep_only_nam
 from mycroft.otlp_server import OtlpReceiver, split_host_port
 from mycroft.security_cli import warn_if_open
 
-from . import hosts as fleet
-from .action_policy import JobFacts, Policy
-from .actions import ActionRunner, job_facts
-from .alerts import SEND, STAND_DOWN, Alerter, alert_action, stood_down
-from .api import ApiServer
 from .config import AnalysisConfig
-from .directives import DirectiveBoard
-from .engine import Engine
-from .incidents import FIRING, REFRESHED, Incident
-from .ingest import Forwarder, IngestQueue
+from .incidents import hosts as fleet
+from .incidents.action_policy import JobFacts, Policy
+from .incidents.actions import ActionRunner, job_facts
+from .incidents.alerts import SEND, STAND_DOWN, Alerter, alert_action, stood_down
+from .incidents.directives import DirectiveBoard
+from .incidents.engine import Engine
+from .incidents.store import Store
+from .incidents.tracker import FIRING, REFRESHED, Incident
+from .ingest.queue import Forwarder, IngestQueue
+from .ingest.state import JobState
 from .metrics import Metrics
-from .state import JobState
-from .store import Store
+from .web.api import ApiServer
 
 log = logging.getLogger("mycroft.rca")
 

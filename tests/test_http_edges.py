@@ -188,7 +188,7 @@ class _EmptyBackend:
 
 
 def test_api_idle_connections_are_closed_too() -> None:
-    from mycroft.rca_service.api import ApiServer
+    from mycroft.rca_service.web.api import ApiServer
 
     api = ApiServer(_EmptyBackend(), "127.0.0.1:0", limits=LIMITS).start()
     pid = os.getpid()

@@ -1,5 +1,5 @@
 """Against a real single-node SLURM cluster (tests/slurm_cluster.py): what srun gives each
-task, and the scheduler actions (rca_service/scheduler_actions.py) draining the node,
+task, and the scheduler actions (rca_service/incidents/scheduler_actions.py) draining the node,
 requeueing and cancelling a running batch job, resuming the node."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import uuid
 
 import pytest
+from mycroft.rca_service.incidents.scheduler_actions import slurm_cancel, slurm_drain, slurm_requeue, slurm_resume
 
-from rca_service.scheduler_actions import slurm_cancel, slurm_drain, slurm_requeue, slurm_resume
 from tests.slurm_cluster import (
     SlurmCluster,
     pids_with_env,

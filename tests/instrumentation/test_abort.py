@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from mycroft.rca_service.action_policy import parse_policy
+from mycroft.rca_service.incidents.action_policy import parse_policy
 
 from mycroft.faults.inject import free_port, job_command, job_env, kill_tree, local_rca
 

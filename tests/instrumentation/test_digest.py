@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mycroft.instrumentation.digest import SignatureDigests
-from mycroft.rca_service.state import GroupState, JobState
-from mycroft.rca_service.triggers import find_digest_mismatches
+from mycroft.rca_service.analysis.triggers import find_digest_mismatches
+from mycroft.rca_service.ingest.state import GroupState, JobState
 
 from mycroft import schema
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from mycroft.rca_service.flow_state import SIDE_RECV, SIDE_SEND, classify_flows, culprits, summarize
+from mycroft.rca_service.analysis.flow_state import SIDE_RECV, SIDE_SEND, classify_flows, culprits, summarize
 
 from mycroft import schema
 from mycroft.schema import flow_state

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mycroft.instrumentation.native_reader import NativeReader
 from mycroft.native.emulate import INTRA_GPU, INTRA_HOST, INTRA_TRANSPORT, emulated_job, finish_rank, intra_node_scripts
-from mycroft.rca_service import flow_state, kernel_progress
+from mycroft.rca_service.analysis import flow_state, kernel_progress
 
 from mycroft import schema
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mycroft.instrumentation.native_reader import NativeReader
 from mycroft.native.emulate import FAULT_GPU, FAULT_NETWORK, FAULT_PROXY, Fault, emulated_job, finish_rank, stop_points
-from mycroft.rca_service.flow_state import SIDE_SEND, SUSPECT_NETWORK, classify_flows, culprits
+from mycroft.rca_service.analysis.flow_state import SIDE_SEND, SUSPECT_NETWORK, classify_flows, culprits
 
 from mycroft import schema
 from mycroft.otlp import SpanRecord

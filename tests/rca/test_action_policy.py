@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
-from mycroft.rca_service import hosts
-from mycroft.rca_service.action_policy import (
+from mycroft.rca_service.incidents import hosts
+from mycroft.rca_service.incidents.action_policy import (
     ABORT_JOB,
     ACT,
     DRAIN_NODE,

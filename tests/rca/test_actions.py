@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from mycroft.rca_service.action_policy import parse_policy
+from mycroft.rca_service.incidents.action_policy import parse_policy
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
 from mycroft.auth import Authenticator

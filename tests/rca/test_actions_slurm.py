@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mycroft.rca_service.action_policy import parse_policy
+from mycroft.rca_service.incidents.action_policy import parse_policy
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
 from tests.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture

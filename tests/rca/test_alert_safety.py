@@ -9,11 +9,11 @@ import json
 import time
 from pathlib import Path
 
-from mycroft.rca_service.alerts import SIGNATURE_HEADER, Alerter, verify, webhook_payload
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.incidents import Incident
+from mycroft.rca_service.incidents.alerts import SIGNATURE_HEADER, Alerter, verify, webhook_payload
+from mycroft.rca_service.incidents.store import Store
+from mycroft.rca_service.incidents.tracker import Incident
 from mycroft.rca_service.service import RcaService, ServiceOptions
-from mycroft.rca_service.store import Store
 
 from mycroft.auth import Authenticator
 from mycroft.faults.made_up_job import StepJob

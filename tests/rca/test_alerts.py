@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mycroft.rca_service.alerts import (
+from mycroft.rca_service.analysis.findings import Finding, RootCause
+from mycroft.rca_service.incidents.alerts import (
     Alerter,
     alertmanager_alerts,
     backoff_s,
@@ -20,9 +21,8 @@ from mycroft.rca_service.alerts import (
     verify,
     webhook_payload,
 )
-from mycroft.rca_service.findings import Finding, RootCause
-from mycroft.rca_service.incidents import FIRING, RESOLVED, Incident, IncidentTracker
-from mycroft.rca_service.store import Store
+from mycroft.rca_service.incidents.store import Store
+from mycroft.rca_service.incidents.tracker import FIRING, RESOLVED, Incident, IncidentTracker
 
 from tests.components import require
 

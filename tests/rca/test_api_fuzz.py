@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from mycroft.rca_service.action_policy import parse_policy
-from mycroft.rca_service.openapi import OPENAPI
+from mycroft.rca_service.incidents.action_policy import parse_policy
 from mycroft.rca_service.service import RcaService, ServiceOptions
+from mycroft.rca_service.web.openapi import OPENAPI
 
 from mycroft.auth import Authenticator
 from mycroft.faults.made_up_job import StepJob

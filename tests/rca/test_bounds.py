@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.engine import Engine
+from mycroft.rca_service.incidents.engine import Engine
 
 from mycroft import schema
 from mycroft.faults.made_up_job import StepJob
@@ -79,7 +79,7 @@ def test_rank_beyond_world_is_refused_not_a_false_crash() -> None:
 def test_oversized_heartbeat_arrays_are_refused_where_they_would_drive_work() -> None:
     """The leading array of each heartbeat table and the lists admission walks are capped; a long
     parallel array is harmless (the fold reads it only at the leading array's indices)."""
-    from mycroft.rca_service import admission
+    from mycroft.rca_service.ingest import admission
 
     cfg = dataclasses.replace(CFG, max_groups_per_job=4)
     job = StepJob("big", 4, t0=100.0)
@@ -134,7 +134,7 @@ def test_a_heartbeat_like_the_last_admitted_one_is_admitted_and_any_change_is_ch
     """apply_records skips admission for a heartbeat whose checked arrays (admission.HEARTBEAT_CHECKED)
     equal the last admitted heartbeat's of the same process; a changed one (a peer outside the
     world) is refused, and so is the same heartbeat from another process (a smaller world)."""
-    from mycroft.rca_service import admission
+    from mycroft.rca_service.ingest import admission
 
     from mycroft.otlp import DecodeCache
 

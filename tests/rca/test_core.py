@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from mycroft.rca_service.analysis.verdict import analyze_job
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.engine import Engine
-from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.verdict import analyze_job
+from mycroft.rca_service.incidents.engine import Engine
+from mycroft.rca_service.ingest.state import JobState, apply_records
 
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat
@@ -390,7 +390,7 @@ def test_a_cut_off_rank_with_a_stale_in_flight_op_is_lost_not_a_link() -> None:
 
 
 def test_incidents_of_jobs_that_never_come_back_after_a_restart_resolve() -> None:
-    from mycroft.rca_service.incidents import Incident
+    from mycroft.rca_service.incidents.tracker import Incident
 
     old = Incident(id="x", job="gone", kind="hang", status="firing", detected_at=0.0, summary="", root_causes=[],
                    graph={}, evidence={}, updated_at=0.0, last_seen_at=0.0)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mycroft.rca_service.alerts import webhook_payload
-from mycroft.rca_service.findings import Finding, RootCause
-from mycroft.rca_service.incidents import IncidentTracker
+from mycroft.rca_service.analysis.findings import Finding, RootCause
+from mycroft.rca_service.incidents.alerts import webhook_payload
+from mycroft.rca_service.incidents.tracker import IncidentTracker
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
 COMPOSE = Path(__file__).resolve().parents[2] / "otel-config" / "compose"

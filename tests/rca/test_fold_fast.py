@@ -1,4 +1,4 @@
-"""The compiled heartbeat fold (rca_service/_fold_fast.c) against its definition, the Python fold.
+"""The compiled heartbeat fold (rca_service/ingest/_fold_fast.c) against its definition, the Python fold.
 
 Where the compiled fold takes a heartbeat it must leave exactly the state the Python fold
 leaves; where it does not, it must change nothing (the Python fold then does it all). Both
@@ -14,8 +14,8 @@ import random
 from typing import Any
 
 import pytest
-from mycroft.rca_service import state
 from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.ingest import state
 
 from mycroft import schema
 from mycroft.faults.bigjob import BigJob, Layout

@@ -1,4 +1,4 @@
-"""The analysis as data (rca_service/frames.py): a recording's tables say who arrived late and
+"""The analysis as data (rca_service/postmortem/frames.py): a recording's tables say who arrived late and
 who computed how much, and `mycroft rca analyze --export DIR` writes them."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ except ImportError:  # the optional 'analysis' extra: ./dev.sh setup installs it
 
 pytestmark = pytest.mark.requires("pandas")
 
-from mycroft.rca_service import cli, frames  # noqa: E402
+from mycroft.rca_service import cli  # noqa: E402
+from mycroft.rca_service.postmortem import frames  # noqa: E402
 
 from mycroft import schema  # noqa: E402
 from mycroft.faults.made_up_job import StepJob, heartbeat  # noqa: E402

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from mycroft.rca_service.action_policy import parse_policy
-from mycroft.rca_service.hosts import DAY_S
-from mycroft.rca_service.incidents import Incident
+from mycroft.rca_service.incidents.action_policy import parse_policy
+from mycroft.rca_service.incidents.hosts import DAY_S
+from mycroft.rca_service.incidents.tracker import Incident
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
 from .browser import ARTEFACTS, Browser

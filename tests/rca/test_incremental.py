@@ -14,14 +14,10 @@ import math
 import random
 
 import pytest
-from mycroft.rca_service import graph as wfg
-from mycroft.rca_service import graph_view, slowness
-from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.engine import Engine
-from mycroft.rca_service.rank_table import rank_table
-from mycroft.rca_service.service import pass_wait
-from mycroft.rca_service.state import GroupState, JobState, RankState, SeqRecord, _apply_op_span, _seq_record
-from mycroft.rca_service.triggers import (
+from mycroft.rca_service.analysis import graph as wfg
+from mycroft.rca_service.analysis import graph_view, slowness
+from mycroft.rca_service.analysis.rank_table import rank_table
+from mycroft.rca_service.analysis.triggers import (
     _complete_seqs,
     _complete_seqs_since,
     _newest_seqs,
@@ -31,7 +27,11 @@ from mycroft.rca_service.triggers import (
     hung_ranks,
     statuses,
 )
-from mycroft.rca_service.work_table import _work_window, work_table
+from mycroft.rca_service.analysis.work_table import _work_window, work_table
+from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.incidents.engine import Engine
+from mycroft.rca_service.ingest.state import GroupState, JobState, RankState, SeqRecord, _apply_op_span, _seq_record
+from mycroft.rca_service.service import pass_wait
 
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, InFlightOp, StepJob, collective, heartbeat, p2p
@@ -107,7 +107,7 @@ def test_a_clean_seq_that_changes_is_checked_again() -> None:
 def test_a_dtype_tie_of_two_members_names_the_one_that_broke_with_the_groups_history() -> None:
     """A 2-rank TP group: one float64 against one float32, the float64 rank issuing first; the
     group always all-reduced float32 before, so the float64 rank is the one that diverged."""
-    from mycroft.rca_service.state import GroupState, JobState, SeqRecord
+    from mycroft.rca_service.ingest.state import GroupState, JobState, SeqRecord
 
     job = JobState("job")
     group = job.groups["tp"] = GroupState("tp", "tp", (356, 357))
@@ -543,7 +543,7 @@ def test_flow_classification_is_kept_only_while_every_ranks_flows_are_the_same(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A stalled op's flow classification is reused while its node and every rank's flows are the
     same objects; a heartbeat (new flows) makes it classify again, and the answers are a fresh one's."""
-    from mycroft.rca_service import verdict
+    from mycroft.rca_service.analysis import verdict
 
     from mycroft.faults.bigjob import BigJob, Layout
     from mycroft.faults.simfaults import plan

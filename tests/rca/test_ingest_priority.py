@@ -112,7 +112,7 @@ def test_a_backlog_defers_the_analysis_instead_of_convicting_silent_ranks(tmp_pa
 def test_heartbeats_the_service_refused_hold_the_horizon_until_their_retries_can_come(tmp_path: Path) -> None:
     """A full heartbeat queue refuses a request (RESOURCE_EXHAUSTED: the exporter retries): the
     ranks in it are not lost meanwhile, the analysis runs as of the first refusal."""
-    from mycroft.rca_service import ingest
+    from mycroft.rca_service.ingest import queue as ingest
 
     service = _service(tmp_path / "rca.db").start()
     try:
@@ -141,7 +141,7 @@ def test_heartbeats_the_service_refused_hold_the_horizon_until_their_retries_can
 
 def test_an_op_span_backlog_does_not_hold_the_analysis_in_the_past() -> None:
     """Op spans wait behind heartbeats by design; only queued heartbeats say the service is behind."""
-    from mycroft.rca_service.ingest import IngestQueue
+    from mycroft.rca_service.ingest.queue import IngestQueue
     from mycroft.rca_service.metrics import Metrics
 
     queue = IngestQueue(lambda records, at: None, Metrics())  # not started: everything stays queued

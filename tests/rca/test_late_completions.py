@@ -11,11 +11,11 @@ waited for completions "on the way" forever, and the rank that really blocked wa
 from __future__ import annotations
 
 import pytest
-from mycroft.rca_service import graph as wfg
+from mycroft.rca_service.analysis import graph as wfg
+from mycroft.rca_service.analysis.triggers import hang_sweep, hang_threshold, statuses
+from mycroft.rca_service.analysis.verdict import analyze_job
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.triggers import hang_sweep, hang_threshold, statuses
-from mycroft.rca_service.verdict import analyze_job
+from mycroft.rca_service.ingest.state import JobState, apply_records
 
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, InFlightOp, collective, heartbeat, p2p
@@ -136,7 +136,7 @@ def test_the_memoized_graph_drops_the_edge_when_the_last_peer_finishes() -> None
 def test_ends_the_flight_recorder_noticed_late_do_not_raise_the_hang_threshold() -> None:
     """Compiled collectives on gloo end when the Flight Recorder's frontier says so, seconds late:
     the adaptive threshold learned 6 s from them, and a blocked rank was named after 5-6 s."""
-    from mycroft.rca_service.triggers import hang_threshold
+    from mycroft.rca_service.analysis.triggers import hang_threshold
 
     g = Group("tp", (0, 1))
     t = 600.0

@@ -1,4 +1,4 @@
-"""The offline loaders' pure edges (rca_service/loaders.py): what a file, Jaeger or Tempo can hand
+"""The offline loaders' pure edges (rca_service/postmortem/loaders.py): what a file, Jaeger or Tempo can hand
 back besides a clean OTLP document -- base64 ids, old field names, streams of documents, error
 bodies, garbage -- read or refused with a message, never a traceback. The real backends'
 round trips are in test_offline.py."""
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from mycroft.rca_service import loaders
-from mycroft.rca_service.loaders import (
+from mycroft.rca_service.postmortem import loaders
+from mycroft.rca_service.postmortem.loaders import (
     Answer,
     LoadError,
     error_text,

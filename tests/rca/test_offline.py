@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from mycroft.rca_service import cli
-from mycroft.rca_service.flight_recorder import dump_to_records
-from mycroft.rca_service.loaders import load_jaeger, load_tempo
-from mycroft.rca_service.offline import replay
+from mycroft.rca_service.postmortem.flight_recorder import dump_to_records
+from mycroft.rca_service.postmortem.loaders import load_jaeger, load_tempo
+from mycroft.rca_service.postmortem.offline import replay
 
 from mycroft import schema
 from mycroft.faults.made_up_job import StepJob

@@ -7,12 +7,13 @@ import json
 import re
 from pathlib import Path
 
-from mycroft.rca_service import cli, graph_view
+from mycroft.rca_service import cli
+from mycroft.rca_service.analysis import graph_view
+from mycroft.rca_service.analysis.verdict import analyze_job
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.incidents import IncidentTracker
-from mycroft.rca_service.pages import graph_svg, incident_page, jobs_page
-from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.verdict import analyze_job
+from mycroft.rca_service.incidents.tracker import IncidentTracker
+from mycroft.rca_service.ingest.state import JobState, apply_records
+from mycroft.rca_service.web.pages import graph_svg, incident_page, jobs_page
 
 from mycroft.faults.made_up_job import Group, InFlightOp, heartbeat
 from mycroft.otlp import encode_json

@@ -7,11 +7,18 @@ import json
 import os
 
 import pytest
-from mycroft.rca_service.alerts import SEND, STAND_DOWN, alert_action, should_alert, stood_down, webhook_payload
+from mycroft.rca_service.analysis.pauses import match_phase, stack_signature
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.engine import Engine
-from mycroft.rca_service.incidents import REFRESHED, Incident
-from mycroft.rca_service.pauses import match_phase, stack_signature
+from mycroft.rca_service.incidents.alerts import (
+    SEND,
+    STAND_DOWN,
+    alert_action,
+    should_alert,
+    stood_down,
+    webhook_payload,
+)
+from mycroft.rca_service.incidents.engine import Engine
+from mycroft.rca_service.incidents.tracker import REFRESHED, Incident
 
 from mycroft.faults.made_up_job import StepJob, collective, heartbeat
 
@@ -336,7 +343,7 @@ def test_incident_round_trips_its_new_fields() -> None:
 
 def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]] | None = None, beat: float = 0.5):
     """A job state whose ranks' heartbeats carry the given compute shares per interval."""
-    from mycroft.rca_service.state import JobState, RankState
+    from mycroft.rca_service.ingest.state import JobState, RankState
 
     from mycroft.faults.made_up_job import Group
 
@@ -344,7 +351,7 @@ def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]]
     tp = [Group("tp0", (0, 1)), Group("tp1", (2, 3))]
     dp = [Group("dp0", (0, 2)), Group("dp1", (1, 3))]
     world = Group("world", (0, 1, 2, 3))
-    from mycroft.rca_service.state import GroupState, SeqRecord
+    from mycroft.rca_service.ingest.state import GroupState, SeqRecord
     for g in (*tp, *dp, world):
         job.groups[g.id] = GroupState(g.id, g.name, g.ranks, seqs={1: SeqRecord()})  # groups that ran collectives
     for r, series in shares.items():
@@ -359,7 +366,7 @@ def _work_job(shares: dict[int, list[float]], ops_per_beat: dict[int, list[int]]
 
 
 def test_straggler_is_the_rank_whose_compute_held_while_the_others_waited() -> None:
-    from mycroft.rca_service.slowness import find_straggle
+    from mycroft.rca_service.analysis.slowness import find_straggle
 
     normal = [0.7] * 10 + [0.45] * 6  # the others: same compute per step, longer steps -> they wait
     slow = [0.7] * 10 + [0.8] * 6
@@ -373,7 +380,7 @@ def test_straggler_is_the_rank_whose_compute_held_while_the_others_waited() -> N
 def test_a_straggler_that_missed_its_heartbeat_is_not_named_slow_until_it_speaks_again() -> None:
     """A rank that just crashed looks like a straggler (peers wait on it, it last computed):
     the slowness verdict waits for its heartbeat, so the crash verdict can come first."""
-    from mycroft.rca_service.verdict import analyze_job
+    from mycroft.rca_service.analysis.verdict import analyze_job
 
     normal = [0.7] * 10 + [0.45] * 6
     slow = [0.7] * 10 + [0.8] * 6
@@ -395,7 +402,7 @@ def test_a_straggler_that_missed_its_heartbeat_is_not_named_slow_until_it_speaks
 
 
 def test_mild_imbalance_compares_with_same_work_peers_and_pauses_are_not_slowness() -> None:
-    from mycroft.rca_service.slowness import find_straggle, peer_groups
+    from mycroft.rca_service.analysis.slowness import find_straggle, peer_groups
 
     even = [0.6] * 12
     job = _work_job({0: even, 1: [0.68] * 12, 2: even, 3: even})

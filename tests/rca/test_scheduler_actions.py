@@ -1,4 +1,4 @@
-"""rca_service/scheduler_actions.py without SLURM or Kubernetes: the arguments built, the
+"""rca_service/incidents/scheduler_actions.py without SLURM or Kubernetes: the arguments built, the
 drain reason made safe, commands run bounded (time, output, the whole process group) and
 never raising; k8s_cordon's request against a stdlib HTTP server standing in for the API
 server (no kube-apiserver can run here: Debian ships none)."""
@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from rca_service import scheduler_actions as sa
+from mycroft.rca_service.incidents import scheduler_actions as sa
 
 PY = sys.executable
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mycroft.rca_service.alerts import SIGNATURE_HEADER, verify
 from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.incidents.alerts import SIGNATURE_HEADER, verify
 from mycroft.rca_service.service import RcaService, ServiceOptions
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 

@@ -147,7 +147,7 @@ def test_a_healthy_run_from_the_first_second_raises_nothing(from_start: dict[str
 def test_a_dead_nic_cuts_both_its_links_in_small_rings_too(dp: int) -> None:
     """Both links through the NIC stay in flight whatever step the ring stood at (a ring of 4's loop
     is 6 steps: the link into f used to read complete), so the flows name f, not a neighbour."""
-    from mycroft.rca_service import flow_state
+    from mycroft.rca_service.analysis import flow_state
     for seed in range(12):
         p = plan("nic_down", 8 * dp, 8, seed=seed)
         job = BigJob("j", Layout(8 * dp, tp=8), ops_per_s=10, fault=p, fault_at=1000.0)
@@ -164,8 +164,8 @@ def test_a_dead_nic_cuts_both_its_links_in_small_rings_too(dp: int) -> None:
 def test_tp_faults_without_a_tp_group_play_in_the_dp_ring(fault: str, pp: int) -> None:
     """--tp 1 (pure data parallel): the mismatch is in f's DP all-reduce, the deadlock's partner is
     f's DP neighbour; the RCA's verdict (in process, the real decoder and engine) scores right."""
-    from mycroft.rca_service.engine import Engine
-    from mycroft.rca_service.verdict import analyze_job
+    from mycroft.rca_service.analysis.verdict import analyze_job
+    from mycroft.rca_service.incidents.engine import Engine
 
     from mycroft.otlp import DecodeCache
     for seed in (1, 2, 3):

@@ -5,11 +5,11 @@ Hand-built 6-rank rings (counters as the plugin reports them), independent of th
 
 from __future__ import annotations
 
-from mycroft.rca_service import verdict
+from mycroft.rca_service.analysis import verdict
+from mycroft.rca_service.analysis.slow_links import LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY, find_slow_link, flow_mark
+from mycroft.rca_service.analysis.slowness import HELD_RATE, job_slowdown
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.slow_links import LOCUS_NETWORK, LOCUS_PCIE, LOCUS_PROXY, find_slow_link, flow_mark
-from mycroft.rca_service.slowness import HELD_RATE, job_slowdown
-from mycroft.rca_service.state import JobState, RankState
+from mycroft.rca_service.ingest.state import JobState, RankState
 
 from mycroft import schema
 

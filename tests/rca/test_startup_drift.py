@@ -9,10 +9,10 @@ peer already waits: each was a critical page.
 
 from __future__ import annotations
 
+from mycroft.rca_service.analysis.findings import SEVERITY, Finding
+from mycroft.rca_service.analysis.verdict import analyze_job
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.findings import SEVERITY, Finding
-from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.verdict import analyze_job
+from mycroft.rca_service.ingest.state import JobState, apply_records
 
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, InFlightOp, heartbeat

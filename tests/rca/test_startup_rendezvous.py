@@ -3,9 +3,9 @@ for it, unless the others themselves trickled into rendezvous (then in proportio
 
 from __future__ import annotations
 
+from mycroft.rca_service.analysis.verdict import analyze_job, startup_threshold_s
 from mycroft.rca_service.config import AnalysisConfig
-from mycroft.rca_service.state import JobState, apply_records
-from mycroft.rca_service.verdict import analyze_job, startup_threshold_s
+from mycroft.rca_service.ingest.state import JobState, apply_records
 
 from mycroft import schema
 from mycroft.faults.made_up_job import heartbeat

@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from mycroft.rca_service import state
 from mycroft.rca_service.config import AnalysisConfig
+from mycroft.rca_service.ingest import state
 from mycroft.rca_service.service import trace_budget_series
 
 from mycroft import schema

@@ -16,7 +16,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from .incidents import cause_who, root_cause_line
+from ..incidents.tracker import cause_who, root_cause_line
 
 NODE_W, NODE_H = 176, 42
 COL_W, ROW_H = 236, 58

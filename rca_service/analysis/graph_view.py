@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from ..ingest.state import JobState, RankState
 from . import graph as wfg
-from .state import JobState, RankState
 
 VERSION = 1
 MAX_NODES = 120  # drawn nodes; beyond it the rest is counted in "omitted"

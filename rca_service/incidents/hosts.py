@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .findings import CRITICAL, INFO, RC_LINK, RC_NOT_ENTERED, RC_PROCESS_LOST, RC_STRAGGLER
+from ..analysis.findings import CRITICAL, INFO, RC_LINK, RC_NOT_ENTERED, RC_PROCESS_LOST, RC_STRAGGLER
 
 DAY_S = 86400.0
 STRIP_DAYS = 14  # the Hosts page's per-day strip
@@ -81,7 +81,7 @@ class HostRecord:
         return self.suspect_until is not None
 
     def to_dict(self, now: float) -> dict[str, Any]:
-        from .incidents import rfc3339
+        from .tracker import rfc3339
 
         last = dict(self.last_incident) if self.last_incident else None
         if last is not None:

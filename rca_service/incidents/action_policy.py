@@ -27,7 +27,7 @@ import yaml
 
 from mycroft.auth import RUN_SEPARATOR
 
-from .findings import (
+from ..analysis.findings import (
     CRASH,
     CRITICAL,
     DEADLOCK,
@@ -43,8 +43,8 @@ from .findings import (
     SEVERITY_ORDER,
     at_least,
 )
+from ..analysis.triggers import UNSEEN
 from .hosts import SuspectConfig
-from .triggers import UNSEEN
 
 # actions
 ABORT_JOB = "abort_job"

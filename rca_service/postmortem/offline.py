@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from mycroft.otlp import SpanRecord
 
-from .config import AnalysisConfig
-from .engine import Engine
-from .incidents import Incident
+from ..config import AnalysisConfig
+from ..incidents.engine import Engine
+from ..incidents.tracker import Incident
 
 
 @dataclass(slots=True)

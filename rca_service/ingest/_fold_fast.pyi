@@ -1,4 +1,4 @@
-"""Type stub of the compiled heartbeat fold (rca_service/_fold_fast.c)."""
+"""Type stub of the compiled heartbeat fold (rca_service/ingest/_fold_fast.c)."""
 
 from collections.abc import Callable, Iterator
 from typing import Any

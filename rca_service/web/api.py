@@ -23,9 +23,9 @@ from mycroft.auth import ANONYMOUS_ADMIN, RUN_SEPARATOR, Authenticator, Principa
 from mycroft.http_server import HttpError, HttpLimits, HttpServer, LongPoll, Request, Response, TlsFiles
 from mycroft.otlp_server import split_host_port
 
+from ..incidents.directives import DirectiveBoard
+from ..metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from . import pages
-from .directives import DirectiveBoard
-from .metrics import CONTENT_TYPE as PROMETHEUS_TYPE
 from .openapi import OPENAPI
 
 log = logging.getLogger("mycroft.rca.api")

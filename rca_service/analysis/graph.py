@@ -27,8 +27,8 @@ import numpy as np
 
 from mycroft import schema
 
-from .config import AnalysisConfig
-from .state import InFlight, JobState, RankState
+from ..config import AnalysisConfig
+from ..ingest.state import InFlight, JobState, RankState
 from .triggers import ALIVE, LOST, UNSEEN, HangSweep
 
 Node = tuple[Any, ...]

@@ -16,8 +16,8 @@ from typing import Any
 from mycroft import schema
 from mycroft.otlp import SpanRecord
 
+from ..config import AnalysisConfig
 from . import admission
-from .config import AnalysisConfig
 
 _fold_fast: ModuleType | None
 try:  # the compiled heartbeat fold (built by `pip install`, optional): see _apply_heartbeat

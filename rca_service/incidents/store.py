@@ -26,7 +26,7 @@ from mycroft.auth import RUN_SEPARATOR
 
 from .action_policy import COUNTED, EXEC, OWED, RUNNING, PlannedAction, Recent, base_job
 from .hosts import HostAction, HostIncident, HostSeen, host_rows
-from .incidents import FIRING, Incident, rfc3339
+from .tracker import FIRING, Incident, rfc3339
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import AnalysisConfig
-from .state import JobState, RankState
+from ..config import AnalysisConfig
+from ..ingest.state import JobState, RankState
 from .triggers import ALIVE, EXITED, LOST, HangSweep, hang_sweep
 
 _INFLIGHT = operator.attrgetter("inflight")

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import AnalysisConfig
-from .state import JobState, RankState
+from ..config import AnalysisConfig
+from ..ingest.state import JobState, RankState
 
 Sample = tuple[float, float, int]  # (heartbeat time on the rank's clock, cumulative comm s, cumulative ops)
 _NEWEST = operator.itemgetter(-1)

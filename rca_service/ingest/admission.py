@@ -26,7 +26,7 @@ from mycroft import schema
 from mycroft.auth import RUN_SEPARATOR
 from mycroft.otlp import SpanRecord
 
-from .config import AnalysisConfig
+from ..config import AnalysisConfig
 
 REJECT_RANK_OUT_OF_WORLD = "rank_out_of_world"
 REJECT_BAD_WORLD_SIZE = "bad_world_size"

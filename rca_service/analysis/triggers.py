@@ -16,8 +16,8 @@ from typing import Any
 
 from mycroft import schema
 
-from .config import AnalysisConfig
-from .state import GroupState, JobState, RankState, SeqRecord, Sig
+from ..config import AnalysisConfig
+from ..ingest.state import GroupState, JobState, RankState, SeqRecord, Sig
 
 ALIVE = "alive"
 LOST = "lost"  # silent without a goodbye

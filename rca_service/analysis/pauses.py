@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .config import COMPILATION, AnalysisConfig, Phase
-from .state import LearnedPause
+from ..config import COMPILATION, AnalysisConfig, Phase
+from ..ingest.state import LearnedPause
 
 
 @dataclass(frozen=True, slots=True)

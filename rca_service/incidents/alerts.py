@@ -31,9 +31,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from .findings import at_least
-from .incidents import REFRESHED, RESOLVED, Incident, rfc3339, root_cause_line
+from ..analysis.findings import at_least
 from .store import Store
+from .tracker import REFRESHED, RESOLVED, Incident, rfc3339, root_cause_line
 
 log = logging.getLogger("mycroft.rca.alerts")
 

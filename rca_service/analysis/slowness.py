@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import AnalysisConfig
-from .state import JobState, RankState
+from ..config import AnalysisConfig
+from ..ingest.state import JobState, RankState
 from .work_table import Windows, WorkTable, WorkWindow, work_table, work_window
 
 __all__ = ["Straggle", "WorkWindow", "find_straggle", "job_slowdown", "job_wait_growth", "peer_groups",

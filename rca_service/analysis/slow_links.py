@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import AnalysisConfig
+from ..ingest.state import JobState
 from . import flow_state
-from .config import AnalysisConfig
-from .state import JobState
 
 LOCUS_NETWORK = "network"  # its sends are posted to the network and complete slowly
 LOCUS_PCIE = "pcie"  # what it receives waits to be flushed / consumed by its GPU

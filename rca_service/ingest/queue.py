@@ -31,7 +31,7 @@ from mycroft import schema
 from mycroft.otlp import SpanRecord, request_from_records
 from mycroft.otlp_server import split_host_port
 
-from .metrics import Metrics
+from ..metrics import Metrics
 
 log = logging.getLogger("mycroft.rca.ingest")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .findings import (
+from ..analysis.findings import (
     CRITICAL,
     RC_MISMATCH,
     RC_NOT_ENTERED,

@@ -13,13 +13,13 @@ from typing import Any
 
 from mycroft.otlp import SpanRecord
 
-from .config import AnalysisConfig
-from .findings import HANG, RC_NOT_ENTERED
-from .incidents import Event, Incident, IncidentTracker
-from .pauses import learn
-from .state import JobState, apply_records, expire_jobs
-from .triggers import spoke_at, statuses
-from .verdict import analyze_job
+from ..analysis.findings import HANG, RC_NOT_ENTERED
+from ..analysis.pauses import learn
+from ..analysis.triggers import spoke_at, statuses
+from ..analysis.verdict import analyze_job
+from ..config import AnalysisConfig
+from ..ingest.state import JobState, apply_records, expire_jobs
+from .tracker import Event, Incident, IncidentTracker
 
 
 @dataclass(slots=True)

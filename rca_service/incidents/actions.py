@@ -23,6 +23,7 @@ from typing import Any
 
 from mycroft import schema
 
+from ..ingest.state import JobState
 from . import scheduler_actions as sched
 from .action_policy import (
     ABORT_JOB,
@@ -43,9 +44,8 @@ from .action_policy import (
     paused,
 )
 from .directives import DirectiveBoard
-from .incidents import FIRING, Incident
-from .state import JobState
 from .store import ActionRow, Store, directive_dict
+from .tracker import FIRING, Incident
 
 log = logging.getLogger("mycroft.rca.actions")
 

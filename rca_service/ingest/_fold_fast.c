@@ -774,8 +774,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "mycroft.rca_service._fold_fast",
-    "The RCA's compiled heartbeat fold (see rca_service/state.py, _apply_heartbeat).", -1, methods,
+    PyModuleDef_HEAD_INIT, "mycroft.rca_service.ingest._fold_fast",
+    "The RCA's compiled heartbeat fold (see rca_service/ingest/state.py, _apply_heartbeat).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -17,10 +17,11 @@ from typing import Any
 
 from mycroft import schema
 
+from ..config import AnalysisConfig
+from ..ingest.state import JobState, job_name
 from . import graph as wfg
 from . import graph_view
 from . import pauses as pauses_mod
-from .config import AnalysisConfig
 from .findings import (
     CRASH,
     CRITICAL,
@@ -45,7 +46,6 @@ from .findings import (
 from .rank_table import rank_table
 from .slow_links import find_slow_link
 from .slowness import find_straggle, job_slowdown, job_wait_growth
-from .state import JobState, job_name
 from .triggers import (
     ALIVE,
     EXITED,

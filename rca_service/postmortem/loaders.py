@@ -26,7 +26,7 @@ import aiohttp
 from mycroft import schema
 from mycroft.otlp import OtlpDecodeError, SpanRecord, decode_json, decode_json_lines
 
-from .incidents import rfc3339
+from ..incidents.tracker import rfc3339
 
 _ID_LENGTHS = {"traceId": 32, "spanId": 16, "parentSpanId": 16, "traceID": 32, "spanID": 16}
 

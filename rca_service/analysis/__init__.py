@@ -1,0 +1,1 @@
+"""Analysis: triggers, the wait-for graph and the verdict: pure functions from job state to findings."""

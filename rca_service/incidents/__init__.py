@@ -1,0 +1,1 @@
+"""Incidents: findings become incidents that open, page, resolve; stored, alerted, acted on."""

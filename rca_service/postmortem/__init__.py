@@ -1,0 +1,1 @@
+"""Post-mortems: the same analysis over recorded spans, Flight Recorder dumps and trace backends."""

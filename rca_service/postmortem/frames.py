@@ -1,6 +1,6 @@
 """A recording as pandas DataFrames: the analysis as data, for notebooks and `analyze --export`.
 
-    from mycroft.rca_service.postmortem import frames
+    from mycroft.rca_service import frames            # the stable path (rca_service/frames.py)
     rec = frames.from_files(["spans.json"])          # or frames.from_records(records)
     rec.collectives   # one row per rank per collective / p2p op: issue, end, duration, arrival lag
     rec.ranks         # one row per rank: ops, durations, lag, how often last to arrive, compute share

@@ -17,8 +17,7 @@ except ImportError:  # the optional 'analysis' extra: ./dev.sh setup installs it
 
 pytestmark = pytest.mark.requires("pandas")
 
-from mycroft.rca_service import cli  # noqa: E402
-from mycroft.rca_service.postmortem import frames  # noqa: E402
+from mycroft.rca_service import cli, frames  # noqa: E402
 
 from mycroft import schema  # noqa: E402
 from mycroft.faults.made_up_job import StepJob, heartbeat  # noqa: E402

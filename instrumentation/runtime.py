@@ -20,7 +20,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import uuid
 from typing import Any
 
@@ -41,6 +40,7 @@ from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
 from mycroft.instrumentation.sampling import TraceBudget
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span, op_trace_id, readable
+from mycroft.instrumentation.stacks import main_thread_stack
 from mycroft.instrumentation.startup import launch_facts, launch_resource, named_resource
 from opentelemetry.sdk.resources import Resource
 
@@ -54,16 +54,6 @@ NATIVE_HOLD_S = 3.0  # native records of a communicator wait this long for its g
 FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.06 ms each) and new-group scans
 ENTRY_DUMP_GAP_S = 1.0  # at most one entries dump (~50 ms at 2,000 entries) per this many seconds
 RUN_ID_STORE_KEY = "mycroft/run_id"
-# Frames of Mycroft's own code are dropped from reported stacks: the instrumentation and the
-# top-level mycroft modules, but not mycroft.faults (its jobs are the user code under test).
-_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_OUR_PACKAGE = os.path.dirname(os.path.abspath(schema.__file__))
-
-
-def _ours(filename: str) -> bool:
-    return filename.startswith(_OUR_DIR) or os.path.dirname(filename) == _OUR_PACKAGE
-
-
 def negotiate_job_id(configured: str | None) -> str:
     """The job id every rank agrees on: configured, else set once in the c10d store."""
     if configured:
@@ -125,15 +115,6 @@ def native_flush(linger_s: float) -> None:
         return
     time.sleep(linger_s)
     flush()
-
-
-def main_thread_stack(depth: int) -> str:
-    """Where the main thread is now: innermost frame last, Mycroft's own frames removed."""
-    frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    if frame is None:
-        return ""
-    frames = [entry for entry in traceback.extract_stack(frame) if not _ours(entry.filename)]
-    return "\n".join(f"{entry.filename}:{entry.lineno} in {entry.name}" for entry in frames[-depth:])
 
 
 class Runtime:

@@ -189,8 +189,8 @@ class StartupReporter:
                 self._send(time.time_ns())
 
     def _send(self, now: int) -> None:
-        from mycroft.instrumentation.runtime import main_thread_stack
         from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span
+        from mycroft.instrumentation.stacks import main_thread_stack
 
         in_phase_s = max(0, now - self.phase_since_ns) / 1e9
         attributes = heartbeat_attributes((), (), now, in_phase_s)  # the contract's arrays, empty: no group yet

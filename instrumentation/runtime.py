@@ -480,8 +480,10 @@ class Runtime:
         attributes.update(self._digests.heartbeat_attributes())
         if posted:
             attributes[schema.ATTR_HB_POSTED_ONLY] = True
-        if final_reason or ((not inflight or posted) and idle_s >= self.config.stack_after_s) or \
-                self._waiting_elsewhere(inflight, now):
+        # the stack once the main thread has made no call for stack_after_s, ops in flight or not: a rank whose
+        # heartbeat still lists ops its peers finished (waited in C++, unseen) is in its own code, and the RCA,
+        # which finds it not entered, needs the stack to tell a pause from a hang
+        if final_reason or (now - since) / 1e9 >= self.config.stack_after_s or self._waiting_elsewhere(inflight, now):
             stack = main_thread_stack(self.config.stack_depth)
             if stack:
                 attributes[schema.ATTR_HB_STACK] = stack

@@ -330,7 +330,8 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
             f"(threshold {threshold:.1f}s); root cause: {names}")
     evidence: dict[str, Any] = {"hung_ranks": _first_ranks(job, hung), "threshold_s": round(threshold, 3),
                                 "max_in_flight_s": round(oldest, 3)}
-    severity, reason, pause = _hang_severity(job, causes, now, cfg) if kind == HANG else (CRITICAL, "", None)
+    severity, reason, pause = _hang_severity(job, causes, now, cfg, oldest) if kind == HANG else \
+        (CRITICAL, "", None)
     if pause is not None:
         evidence["pause"] = pause
         text += f" - {pause['why']}"
@@ -370,8 +371,8 @@ def _first_ranks(job: JobState, ranks: frozenset[int], limit: int = 256) -> list
     return list(found[1])
 
 
-def _hang_severity(job: JobState, causes: list[RootCause], now: float,
-                   cfg: AnalysisConfig) -> tuple[str, str, dict[str, Any] | None]:
+def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: AnalysisConfig,
+                   waited_s: float = 0.0) -> tuple[str, str, dict[str, Any] | None]:
     """Critical unless every holder is alive elsewhere in a normal pause, or its stack is still on the way."""
     quiet = [rc for rc in causes if rc.kind == RC_PROCESS_LOST and rc.rank in job.ranks]
     for rc in quiet:  # went silent inside an expected phase: a checkpoint or a compiler can starve the heartbeat
@@ -395,6 +396,11 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float,
         assert rc.rank is not None
         rank = job.ranks[rc.rank]
         idle = rank.idle_at(now)
+        if idle <= 0.0 and rank.inflight:
+            # not entered, yet its heartbeat lists ops in flight: ops its peers finished (waited in C++, the
+            # rank never saw them end), so it reads as busy forever; how long the others have waited on it
+            # is how long it has been out
+            idle = waited_s
         compiling = rank.phase == schema.PHASE_COMPILING
         if not compiling and not rank.stack.strip() and idle < cfg.stack_wait_s + rank.hb_interval:
             pending.append(rc.rank)

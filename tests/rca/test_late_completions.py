@@ -22,6 +22,9 @@ from mycroft.faults.made_up_job import Group, InFlightOp, collective, heartbeat,
 
 CFG = AnalysisConfig()
 STACK = 'File "train.py", line 3, in load_batch'
+USER_STACK = "train.py:40 in <module>\ntrain.py:22 in step\ntrain.py:9 in wait_for_the_other_job"
+CHECKPOINT_STACK = ("train.py:40 in <module>\ntrain.py:31 in save_checkpoint\n"
+                    "/venv/lib/python3.11/site-packages/torch/serialization.py:650 in save")
 
 
 def _tp_job(t: float, stale_on: tuple[int, ...] = (1,), behind: int | None = None) -> JobState:
@@ -189,3 +192,30 @@ def test_without_the_posted_flag_the_same_picture_is_a_stalled_transfer() -> Non
     t = 800.0
     findings = analyze_job(_pipeline(t, posted_rank=None), t + 0.1, CFG)
     assert findings and findings[0].root_causes[0].kind == "link", findings[0].text if findings else None
+
+
+def _held_by_a_rank_with_a_stale_op(t: float, waited_s: float, stack: str) -> JobState:
+    """Rank 1 blocked after an op its peers finished; its heartbeat still lists that op (idle 0),
+    with `stack` (empty: a rank whose instrumentation sends no stack while ops are in flight)."""
+    jobs: dict[str, JobState] = {}
+    g = Group("dp", (0, 1, 2, 3))
+    hb = [heartbeat("job", r, 4, t, 1, [g], [8], [7], [InFlightOp(g, 8, age_s=waited_s)]) for r in (0, 2, 3)]
+    hb.append(heartbeat("job", 1, 4, t, 1, [g], [7], [6], [InFlightOp(g, 7, age_s=waited_s + 0.3)], stack=stack))
+    apply_records(jobs, hb, t, CFG)
+    return jobs["job"]
+
+
+def test_a_holder_that_reads_busy_pages_once_its_peers_waited_long_enough() -> None:
+    """megatron_coalescing / tp_eager in benchmarks/framework_matrix.py: the blocked rank's heartbeat
+    lists an op its peers finished, so its idle read 0 for ever: the hang stayed a warning "waiting for
+    the stack" and never paged. How long its peers have waited is how long it has been out."""
+    t = 400.0
+    young = analyze_job(_held_by_a_rank_with_a_stale_op(t, 1.2, ""), t + 0.05, CFG)
+    assert young and young[0].severity == "warning", young
+    for stack in ("", USER_STACK):
+        held = analyze_job(_held_by_a_rank_with_a_stale_op(t, 3.0, stack), t + 0.05, CFG)
+        assert held and held[0].root_causes[0].rank == 1, held
+        assert held[0].severity == "critical", (stack, held[0].severity_reason)
+    # its stack in a checkpoint: a normal pause, not a page
+    paused = analyze_job(_held_by_a_rank_with_a_stale_op(t, 3.0, CHECKPOINT_STACK), t + 0.05, CFG)
+    assert paused and paused[0].severity == "info", paused[0].severity_reason

@@ -29,6 +29,7 @@ from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.digest import SignatureDigests
 from mycroft.instrumentation.directives import (
     DEFAULT_EXIT_CODE,
+    HOST_GATHER_S,
     DirectiveWatcher,
     abort_line,
     abort_process_groups,
@@ -155,6 +156,7 @@ class Runtime:
         self._final_sent = threading.Lock()
         self._final_done = False
         self._signal_after_final = 0  # a signal that arrived while a final flush was running
+        self._aborting_with = 0  # the exit code of an abort under way (0: none)
         self._native: Any = None
         self._native_next_try = 0.0
         self._frontier = FrontierReader()  # every issuer's per-group frontier (flight_recorder.py)
@@ -231,6 +233,12 @@ class Runtime:
         self._wakeup_r = read_fd
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._aborting_with:
+            # This rank is leaving on the RCA's abort (the runtime thread exits with its code once
+            # its host has read it); the launcher's SIGTERM, sent when a sibling left first, must
+            # not turn that exit into a kill: its summary would show -15, not the abort's code.
+            time.sleep(HOST_GATHER_S + 2.0)
+            os._exit(self._aborting_with)
         if self._final_sent.locked():
             # A final flush is running — often the atexit one this very signal interrupted
             # (a peer died, torchrun sends SIGTERM while we exit). Let it finish; it re-raises.
@@ -538,6 +546,7 @@ class Runtime:
         """The RCA service's abort_job: one line naming the root cause, last words, groups aborted, exit."""
         code = directive.get("exit_code")
         code = code if isinstance(code, int) and 0 < code < 256 else DEFAULT_EXIT_CODE
+        self._aborting_with = code
         with contextlib.suppress(Exception):
             sys.stderr.write(abort_line(directive) + "\n")
             sys.stderr.flush()

@@ -12,7 +12,9 @@ move the counter, so numbering stays right after them.
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,15 @@ class GroupInfo:
     device_async: bool = False  # ops complete on the device after the call returns (NCCL)
     fr_completed: int = -1  # the Flight Recorder's last completed seq (-1: unknown)
     fr_enqueued: int = -1  # ... and last enqueued
+    # set once here, read per op (the hot path): the group, whether held weakly or not, by one call;
+    # torch's counter as its class's function (no bound method built, no attribute lookup per op)
+    deref: Callable[[], Any] = field(init=False, repr=False, compare=False)
+    seq_of: Callable[[Any], int] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.deref = self.pg if isinstance(self.pg, weakref.ref) else functools.partial(_same, self.pg)
+        self.seq_of = getattr(type(self.pg() if isinstance(self.pg, weakref.ref) else self.pg),
+                              "_get_sequence_number_for_group", None)
 
     @property
     def size(self) -> int:
@@ -61,21 +72,29 @@ class GroupInfo:
 
     def process_group(self) -> Any:
         """The live ProcessGroup, or None once torch has let it go."""
-        return self.pg() if isinstance(self.pg, weakref.ref) else self.pg
+        return self.deref()
 
     def counter(self) -> int:
         if self.has_counter:
             try:
-                return int(self.process_group()._get_sequence_number_for_group())
+                return int(self.seq_of(self.deref()))  # type: ignore[misc]  # None: caught, no counter
             except Exception:
                 self.has_counter = False
         return self.own_counter
 
     def next_collective_seq(self) -> int:
-        """The seq the collective about to be issued will get (call just before issuing)."""
-        seq = self.counter() - self.p2p_counter_delta + 1
-        if not self.has_counter:
-            self.own_counter += 1
+        """The seq the collective about to be issued will get (call just before issuing).
+
+        counter() inline: this runs once per collective on the training thread."""
+        if self.has_counter:
+            try:
+                seq = int(self.seq_of(self.deref())) - self.p2p_counter_delta + 1  # type: ignore[misc]
+                self.issued = seq
+                return seq
+            except Exception:
+                self.has_counter = False
+        seq = self.own_counter - self.p2p_counter_delta + 1
+        self.own_counter += 1
         self.issued = seq
         return seq
 
@@ -110,7 +129,7 @@ class GroupRegistry:
                 self._default = self.resolve(dist.distributed_c10d._get_default_group())
             return self._default
         info = self._by_pg.get(id(pg))
-        if info is not None and info.process_group() is pg:
+        if info is not None and info.deref() is pg:
             return info
         return self._register(pg)
 
@@ -140,6 +159,11 @@ class GroupRegistry:
         )
         self._by_pg[id(pg)] = info
         return info
+
+
+def _same(pg: Any) -> Any:
+    """What a strongly held group's `deref` returns."""
+    return pg
 
 
 def _weak(pg: Any) -> Any:

@@ -19,6 +19,7 @@ import functools
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -103,7 +104,7 @@ def _force_async(args: tuple[Any, ...], kwargs: dict[str, Any], ref: ArgRef) -> 
 
 
 def _device_sync_call(recorder: Recorder, spec: OpSpec, original: Callable[..., Any], record: OpRecord,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                      args: tuple[Any, ...], kwargs: dict[str, Any], depth: Any) -> Any:
     """A sync op on a device-async group (NCCL): keep its Work, so completion comes from the device.
 
     torch's sync path is `work = <async op>; work.wait()` (NCCL: the current stream waits, the
@@ -111,7 +112,6 @@ def _device_sync_call(recorder: Recorder, spec: OpSpec, original: Callable[..., 
     is the same call. send / recv have no async flag: torch issues isend / irecv inside them,
     whose Work the nested wrapper hands over through depth.capture.
     """
-    depth = recorder.depth
     depth.value += 1
     work = None
     try:
@@ -136,39 +136,46 @@ def _device_sync_call(recorder: Recorder, spec: OpSpec, original: Callable[..., 
 
 
 def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., Any]) -> Callable[..., Any]:
+    """The wrapper of one torch.distributed function. The hot path: everything that does not change
+    per call (the API name, bound methods, the spec's flags) is looked up here, once."""
     api = C10D_PREFIX + spec.api
-    depth = recorder.depth  # read directly: this is the hot path
+    per_thread = recorder.per_thread
     compiling = compiling_check()
-    collective = not spec.is_p2p
+    begin = recorder.beginner(spec, api)
+    complete = recorder.complete
+    issued = recorder.issued
+    sync_done = not spec.is_p2p  # a sync collective on a host-synchronous group is done at return
+    issues_many = spec.issues_many
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if compiling():
             return original(*args, **kwargs)
+        depth = per_thread.depth
         if depth.value:
             result = original(*args, **kwargs)
             if depth.capture is not None and result is not None:
                 depth.capture.append(result)
             return result
-        record = recorder.begin(spec, args, kwargs, api=api)
+        record = begin(args, kwargs)
         if record is None:
             return original(*args, **kwargs)
         if record.device and not record.async_op:
-            return _device_sync_call(recorder, spec, original, record, args, kwargs)
+            return _device_sync_call(recorder, spec, original, record, args, kwargs, depth)
         depth.value += 1
         try:
-            result = original(*args, **kwargs)
+            result = original(*args, **kwargs) if kwargs else original(*args)  # no empty dict copied
         except BaseException as exc:
             recorder.failed(record, exc)
             raise
         finally:
             depth.value -= 1
-        if collective and not record.async_op:  # a sync collective on a host-synchronous group: done
-            recorder.complete(record)
-            if spec.issues_many:
+        if sync_done and not record.async_op:
+            complete(record)
+            if issues_many:
                 recorder.complete_through_call(record)
         else:
-            recorder.issued(record, result)
+            issued(record, result)
         return result
 
     return wrapper
@@ -178,12 +185,15 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
     """batch_isend_irecv: one p2p record per P2POp, completed by the works torch returns."""
     by_api = {spec.api: spec for spec in C10D_SPECS}
 
-    depth = recorder.depth
+    per_thread = recorder.per_thread
     compiling = compiling_check()
 
     @functools.wraps(original)
     def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
-        if compiling() or depth.value:
+        if compiling():
+            return original(p2p_op_list, *args, **kwargs)
+        depth = per_thread.depth
+        if depth.value:
             return original(p2p_op_list, *args, **kwargs)
         records = []
         try:
@@ -224,12 +234,15 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     api = FUNCOL_PREFIX + spec.api
-    depth = recorder.depth
+    per_thread = recorder.per_thread
     compiling = compiling_check()
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if compiling() or depth.value:
+        if compiling():
+            return original(*args, **kwargs)
+        depth = per_thread.depth
+        if depth.value:
             return original(*args, **kwargs)
         record = None
         try:
@@ -301,17 +314,18 @@ def _coalescing_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Cal
     (its Work; on device-async groups the poller or the Flight Recorder's frontier).
     """
     compiling = compiling_check()
-    depth = recorder.depth
+    per_thread = recorder.per_thread
 
     @functools.wraps(original)
     @contextlib.contextmanager
     def wrapper(group: Any = None, device: Any = None, async_ops: bool = False) -> Any:
         context = original(group, device, async_ops)
-        if compiling() or depth.value:
+        if compiling() or per_thread.depth.value:
             with context as manager:
                 yield manager
             return
         manager = context.__enter__()
+        depth = per_thread.depth
         depth.value += 1
         try:
             yield manager
@@ -363,15 +377,52 @@ DDP_API = "torch.nn.parallel.DistributedDataParallel"
 class _DdpHookState:
     """State of our DDP comm hook; a small object so the C++ reducer holds no DDP cycle."""
 
-    __slots__ = ("process_group", "recorder", "user_hook")
+    __slots__ = ("all_reduce", "begin", "dist", "process_group", "recorder", "size", "user_hook")
 
     def __init__(self, process_group: Any, recorder: Recorder) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist  # not imported per bucket
+        # torch's all_reduce, past our own wrapper (which would only pass the call through: depth > 0)
+        all_reduce = dist.all_reduce
+        self.all_reduce = all_reduce.__wrapped__ if getattr(all_reduce, _MARK, False) else all_reduce
         self.process_group = process_group
         self.recorder = recorder
+        self.begin = recorder.beginner(_ALL_REDUCE, DDP_API)
+        self.size = 0  # the group's size, read at the first bucket (a group's size never changes)
         self.user_hook: tuple[Callable[..., Any], Any] | None = None
 
 
 _ALL_REDUCE = next(spec for spec in C10D_SPECS if spec.api == "all_reduce")
+# async: the reducer waits on the future; its completion is the op's (an empty kwargs read as sync, so
+# every bucket all-reduce "completed" at issue and a rank that never joined it went unseen)
+_ASYNC_KWARGS: dict[str, Any] = {"async_op": True}  # read by Recorder.begin only, never changed
+
+
+def _first_tensor(fut: Any) -> Any:
+    return fut.value()[0]
+
+
+def _bucket_done(recorder: Recorder, record: OpRecord, fut: Any) -> Any:
+    """The bucket's all-reduce finished: its op completes, and DDP gets the reduced tensor.
+
+    One callback on the all-reduce's future does both (the record's completion and DDP's `then`),
+    where a second callback per bucket would cross from C++ into Python once more. An error of the
+    all-reduce reaches DDP as before; an error of ours never does.
+    """
+    try:
+        value = fut.value()
+    except BaseException as exc:
+        try:
+            recorder.failed(record, exc)
+        except Exception as ours:
+            recorder._note_error("ddp bucket", ours)
+        raise
+    try:
+        recorder.complete(record)
+    except Exception as ours:
+        recorder._note_error("ddp bucket", ours)
+    return value[0]
 
 
 def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
@@ -383,27 +434,33 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     if state.user_hook is not None:
         hook, user_state = state.user_hook
         return hook(user_state, bucket)
-    import torch.distributed as dist
-
     recorder = state.recorder
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    group = state.process_group
+    if group is None:
+        group = state.dist.group.WORLD
+        size = group.size()
+    else:
+        size = state.size or group.size()
+        state.size = size
     buffer = bucket.buffer()
-    buffer.div_(group.size())
-    # async: the reducer waits on the future; its completion is the op's (an empty kwargs read as sync, so
-    # every bucket all-reduce "completed" at issue and a rank that never joined it went unseen)
-    record = recorder.begin(_ALL_REDUCE, (buffer,), {"async_op": True}, group=group, api=DDP_API)
-    recorder.depth.value += 1
+    buffer.div_(size)
+    record = state.begin((buffer,), _ASYNC_KWARGS, group)
+    depth = recorder.per_thread.depth
+    depth.value += 1
     try:
-        work = dist.all_reduce(buffer, group=group, async_op=True)
+        work = state.all_reduce(buffer, group=group, async_op=True)
     except BaseException as exc:
         if record is not None:
             recorder.failed(record, exc)
         raise
     finally:
-        recorder.depth.value -= 1
+        depth.value -= 1
     if record is not None:
-        recorder.issued(record, work)
-    return work.get_future().then(lambda fut: fut.value()[0])
+        if not record.device:  # host-side: done when the future is, in the callback DDP needs anyway
+            record.call_end_ns = time.time_ns()
+            return work.get_future().then(functools.partial(_bucket_done, recorder, record))
+        recorder.issued(record, work)  # device-async: the poller completes it from the Work
+    return work.get_future().then(_first_tensor)
 
 
 def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bool | None = True) -> Callable[..., Any]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mycroft.instrumentation.completion import CompletionTracker
@@ -24,20 +26,38 @@ from mycroft import schema
 log = logging.getLogger("mycroft.instrumentation")
 
 _now_ns = time.time_ns
+_P2P_OPS = schema.P2P_OPS
+_COMPLETED = schema.STATE_COMPLETED
+_EXACT = schema.TIMING_EXACT
+_IN_FLIGHT = schema.STATE_IN_FLIGHT
+_PYTHON = schema.SOURCE_PYTHON
 
 
-class _Depth(threading.local):
+class _Depth:
     """Per-thread nesting depth of wrapped calls (a wrapped API calling another records once).
 
     capture: while a sync send/recv on a device-async group runs, the Work of the isend /
     irecv torch issues inside it is collected here (its completion is the op's).
+    A plain object, reached through one threading.local read per call (`PerThread.depth`):
+    every attribute access on a threading.local costs as much as a dict lookup plus a call.
     """
 
-    value = 0
-    capture: list[Any] | None = None
+    __slots__ = ("capture", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.capture: list[Any] | None = None
+
+
+class PerThread(threading.local):
+    """This thread's `_Depth` (threading.local runs __init__ once in each thread that reads it)."""
+
+    def __init__(self) -> None:
+        self.depth = _Depth()
 
 
 _NO_WORK: Any = object()
+Beginner = Callable[[tuple[Any, ...], dict[str, Any], Any], "OpRecord | None"]
 
 
 class OpRecord:
@@ -67,7 +87,8 @@ class OpRecord:
         "timing",
     )
 
-    def __init__(self, api: str, op: str, group: GroupInfo, seq: int, start_ns: int) -> None:
+    def __init__(self, api: str, op: str, group: GroupInfo, seq: int, start_ns: int, nbytes: int = 0,
+                 dtype: Any = None, reduce_op: Any = None, async_op: bool = False) -> None:
         self.api = api
         self.op = op
         self.group = group
@@ -76,19 +97,29 @@ class OpRecord:
         self.end_ns = 0
         self.call_end_ns = 0  # when the issuing call returned (device-async backends: enqueue)
         self.device = group.device_async  # completes on the device, after the call
-        self.bytes = 0
-        self.dtype: Any = None  # torch.dtype, named off the hot path
+        self.bytes = nbytes
+        self.dtype = dtype  # torch.dtype, named off the hot path
         self.peer = -1
         self.src = -1
         self.dst = -1
         self.root = -1
-        self.reduce_op: Any = None  # torch ReduceOp / str, named off the hot path
-        self.async_op = False
-        self.state = schema.STATE_IN_FLIGHT
+        self.reduce_op = reduce_op  # torch ReduceOp / str, named off the hot path
+        self.async_op = async_op
+        self.state = _IN_FLIGHT
         self.error = ""
-        self.timing = schema.TIMING_EXACT
-        self.source = schema.SOURCE_PYTHON
+        self.timing = _EXACT
+        self.source = _PYTHON
         self.key = 0
+
+
+_KEYWORD_ONLY = sys.maxsize
+
+
+def _position(ref: tuple[int, str]) -> tuple[int, str]:
+    """An ArgRef whose keyword-only position (-1) no call reaches, so `len(args) > position` says
+    whether the argument came by position."""
+    position, keyword = ref
+    return (position if position >= 0 else _KEYWORD_ONLY), keyword
 
 
 def payload_info(value: Any) -> tuple[int, Any]:
@@ -119,13 +150,15 @@ class Recorder:
         self.groups = GroupRegistry()
         self.queue: collections.deque[OpRecord] = collections.deque()
         self.queue_size = queue_size
-        self.inflight: dict[int, OpRecord] = {}
+        # keyed by the record itself (identity hash): no id() call per op on the training thread
+        self.inflight: dict[OpRecord, OpRecord] = {}
         self.dropped = 0
         self.errors = 0
         self.last_activity_ns = _now_ns()
         self.world_rank = -1
         self._keys = itertools.count(1)
-        self.depth = _Depth()
+        self.per_thread = PerThread()
+        self._beginners: dict[tuple[OpSpec, str, bool], Beginner] = {}
         self._error_logged = False
         self._drop_logged = False
         self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
@@ -140,6 +173,11 @@ class Recorder:
         self.comm_since_ns = 0  # when the in-flight set last became non-empty
         self.ops_done = 0
         self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
+
+    @property
+    def depth(self) -> _Depth:
+        """This thread's nesting depth (the wrappers read `per_thread.depth` once per call)."""
+        return self.per_thread.depth
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
@@ -162,65 +200,114 @@ class Recorder:
     # ------------------------------------------------------------------ hot path
     def begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
               group: Any = None, api: str = "", track: bool = True) -> OpRecord | None:
-        """Record the issue of an op; None means "run it unrecorded".
+        """Record the issue of an op; None means "run it unrecorded" (see `beginner`)."""
+        key = (spec, api, track)
+        begin = self._beginners.get(key)
+        if begin is None:
+            begin = self._beginners[key] = self.beginner(spec, api, track)
+        return begin(args, kwargs, group)
 
-        The hot path: arguments are read by position inline (`arg` is a call each), the payload by
-        `Tensor.nbytes` (one C call; odd payloads go through payload_info).
+    def beginner(self, spec: OpSpec, api: str = "", track: bool = True) -> Beginner:
+        """`begin` for one op kind, as a function of (args, kwargs, group): the wrappers call it per op.
+
+        The hot path (once per op on the training thread, so written for CPython's cost model):
+        what the spec says (argument positions, flags, names) is read here, once, into closure
+        constants; per call, arguments are read by position inline (`arg` is a call each), the
+        group's info from the registry's dict without a call, the payload by `Tensor.nbytes` (one
+        C call; odd payloads go through payload_info), the seq from torch's counter (inline
+        `GroupInfo.next_collective_seq`), the record built in one constructor call.
         """
-        try:
-            n_args = len(args)
-            if group is None:
-                position, keyword = spec.group
-                group = args[position] if 0 <= position < n_args else kwargs.get(keyword)
-            info = self.groups.resolve(group)
-            if info is None:
+        # a keyword-only argument gets a position no call reaches: `n_args > pos` is then the one test
+        g_pos, g_key = _position(spec.group)
+        p_pos, p_key = _position(spec.payload)
+        has_payload = bool(p_key) or p_pos != _KEYWORD_ONLY
+        r_pos, r_key = _position(spec.reduce_op)
+        a_pos, a_key = _position(spec.async_op)
+        always_async = spec.always_async
+        name = api or spec.api
+        op = spec.op
+        is_p2p = spec.is_p2p
+        has_root = bool(spec.root[1])
+        groups = self.groups
+        inflight = self.inflight
+
+        def begin(args: tuple[Any, ...], kwargs: dict[str, Any], group: Any = None) -> OpRecord | None:
+            try:
+                n_args = len(args)
+                if group is None:
+                    group = args[g_pos] if n_args > g_pos else kwargs.get(g_key)
+                if group is None:
+                    info = groups._default or groups.resolve(None)
+                else:
+                    info = groups._by_pg.get(id(group))
+                    if info is None or info.deref() is not group:
+                        info = groups.resolve(group)
+                if info is None:
+                    return None
+                if has_payload:
+                    payload: Any = args[p_pos] if n_args > p_pos else kwargs.get(p_key)
+                    try:
+                        nbytes, dtype = payload.nbytes, payload.dtype  # a tensor
+                    except AttributeError:
+                        nbytes, dtype = payload_info(payload)
+                else:
+                    nbytes, dtype = 0, None
+                reduce_op = (args[r_pos] if n_args > r_pos else kwargs.get(r_key)) if r_key else None
+                if always_async:
+                    async_op = True
+                elif a_key:
+                    async_op = bool(args[a_pos] if n_args > a_pos else kwargs.get(a_key, False))
+                else:
+                    async_op = False
+                start = _now_ns()
+                if is_p2p:
+                    record = OpRecord(name, op, info, 0, start, nbytes, dtype, reduce_op, async_op)
+                    self._p2p_fields(record, spec, info, args, kwargs)
+                else:
+                    if info.has_counter:  # GroupInfo.next_collective_seq, inline
+                        try:
+                            seq = info.seq_of(info.deref()) - info.p2p_counter_delta + 1
+                            info.issued = seq
+                        except Exception:
+                            seq = info.next_collective_seq()  # no counter after all: the fallback
+                    else:
+                        seq = info.next_collective_seq()
+                    record = OpRecord(name, op, info, seq, start, nbytes, dtype, reduce_op, async_op)
+                    if has_root:
+                        self._root_field(record, spec, info, args, kwargs)
+                if track:
+                    if not inflight:
+                        self.comm_since_ns = start
+                    inflight[record] = record
+                    self.last_activity_ns = start
+                return record
+            except Exception as exc:
+                self._note_error(spec.api, exc)
                 return None
-            start = _now_ns()
-            if spec.is_p2p:
-                record = OpRecord(api or spec.api, spec.op, info, 0, start)
-                peer = arg(args, kwargs, spec.peer)
-                if peer is None:
-                    group_peer = arg(args, kwargs, spec.group_peer)
-                    peer = info.ranks[group_peer] if isinstance(group_peer, int) else None
-                me = self.world_rank
-                record.peer = peer if isinstance(peer, int) else -1
-                record.src, record.dst = (me, record.peer) if spec.is_send else (record.peer, me)
-                if record.peer >= 0:
-                    record.seq = info.next_pair_seq(record.src, record.dst)
-                record.key = info.counter()  # to measure how far this p2p op moves torch's counter
-            else:
-                record = OpRecord(api or spec.api, spec.op, info, info.next_collective_seq(), start)
-                if spec.root[1]:
-                    root = arg(args, kwargs, spec.root)
-                    if root is None and spec.group_root[1]:
-                        group_root = arg(args, kwargs, spec.group_root)
-                        root = info.ranks[group_root] if isinstance(group_root, int) else None
-                    record.root = root if isinstance(root, int) else -1
-            position, keyword = spec.reduce_op
-            if keyword:
-                record.reduce_op = args[position] if 0 <= position < n_args else kwargs.get(keyword)
-            position, keyword = spec.payload
-            if keyword or position >= 0:
-                payload: Any = args[position] if 0 <= position < n_args else kwargs.get(keyword)
-                try:
-                    record.bytes, record.dtype = payload.nbytes, payload.dtype  # a tensor
-                except AttributeError:
-                    record.bytes, record.dtype = payload_info(payload)
-            if spec.always_async:
-                record.async_op = True
-            else:
-                position, keyword = spec.async_op
-                if keyword:
-                    record.async_op = bool(args[position] if 0 <= position < n_args else kwargs.get(keyword, False))
-            if track:
-                if not self.inflight:
-                    self.comm_since_ns = start
-                self.inflight[id(record)] = record
-                self.last_activity_ns = start
-            return record
-        except Exception as exc:
-            self._note_error(spec.api, exc)
-            return None
+
+        return begin
+
+    def _p2p_fields(self, record: OpRecord, spec: OpSpec, info: GroupInfo, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> None:
+        peer = arg(args, kwargs, spec.peer)
+        if peer is None:
+            group_peer = arg(args, kwargs, spec.group_peer)
+            peer = info.ranks[group_peer] if isinstance(group_peer, int) else None
+        me = self.world_rank
+        record.peer = peer if isinstance(peer, int) else -1
+        record.src, record.dst = (me, record.peer) if spec.is_send else (record.peer, me)
+        if record.peer >= 0:
+            record.seq = info.next_pair_seq(record.src, record.dst)
+        record.key = info.counter()  # to measure how far this p2p op moves torch's counter
+
+    @staticmethod
+    def _root_field(record: OpRecord, spec: OpSpec, info: GroupInfo, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> None:
+        root = arg(args, kwargs, spec.root)
+        if root is None and spec.group_root[1]:
+            group_root = arg(args, kwargs, spec.group_root)
+            root = info.ranks[group_root] if isinstance(group_root, int) else None
+        record.root = root if isinstance(root, int) else -1
 
     def track_issued(self, record: OpRecord) -> None:
         """An op begun with track=False is issued now: in flight from this instant."""
@@ -230,7 +317,7 @@ class Recorder:
     def _track(self, record: OpRecord, start: int) -> None:
         if not self.inflight:
             self.comm_since_ns = start
-        self.inflight[id(record)] = record
+        self.inflight[record] = record
         self.last_activity_ns = start
 
     def begin_block(self, op: str, group: Any, tensors: list[Any], reduce_op: Any, async_op: bool,
@@ -287,13 +374,13 @@ class Recorder:
             self._watch(record, work)
         except Exception as exc:
             self._note_error("issued", exc)
-            self.inflight.pop(id(record), None)
+            self.inflight.pop(record, None)
 
     def adopt(self, record: OpRecord) -> None:
         """An op seen only by the Flight Recorder (issued in C++): in flight until it completes."""
         if not self.inflight:
             self.comm_since_ns = _now_ns()
-        self.inflight[id(record)] = record
+        self.inflight[record] = record
         if record.seq > record.group.issued:
             record.group.issued = record.seq
 
@@ -317,23 +404,27 @@ class Recorder:
         self.complete(record, state=schema.STATE_TIMEOUT if timeout else schema.STATE_ERROR)
         self.failures_pending = True
 
-    def complete(self, record: OpRecord, state: str = schema.STATE_COMPLETED,
-                 timing: str = schema.TIMING_EXACT) -> None:
+    def complete(self, record: OpRecord, state: str = _COMPLETED, timing: str = _EXACT) -> None:
         """Mark done (safe from any thread: dict/deque ops are atomic under the GIL)."""
         if record.end_ns:
             return
-        record.end_ns = _now_ns()
+        end = record.end_ns = _now_ns()
         record.state = state
         record.timing = timing
-        if record.op not in schema.P2P_OPS and record.seq > record.group.completed and state == schema.STATE_COMPLETED:
-            record.group.completed = record.seq
-        if self.inflight.pop(id(record), None) is not None:
+        group = record.group
+        if record.seq > group.completed and state == _COMPLETED and record.op not in _P2P_OPS:
+            group.completed = record.seq
+        inflight = self.inflight
+        if inflight.pop(record, None) is not None:
             self.ops_done += 1
-            if not self.inflight:
-                self.comm_ns += max(0, record.end_ns - self.comm_since_ns)
-        self.last_activity_ns = record.end_ns
-        if len(self.queue) < self.queue_size:  # _push, inline: every op passes here
-            self.queue.append(record)
+            if not inflight:
+                busy = end - self.comm_since_ns
+                if busy > 0:
+                    self.comm_ns += busy
+        self.last_activity_ns = end
+        queue = self.queue
+        if len(queue) < self.queue_size:  # _push, inline: every op passes here
+            queue.append(record)
         else:
             self._push(record)
 

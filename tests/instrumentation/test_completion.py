@@ -29,7 +29,7 @@ def _group(gid: str = "g") -> GroupInfo:
 def _record(recorder: Recorder, group: GroupInfo, seq: int, op: str = schema.OP_ALL_REDUCE, peer: int = -1) -> OpRecord:
     record = OpRecord("api", op, group, seq, seq)
     record.peer = peer
-    recorder.inflight[id(record)] = record
+    recorder.inflight[record] = record
     return record
 
 
@@ -49,7 +49,7 @@ def test_oldest_of_each_stream_decides_and_later_ops_wait_their_turn() -> None:
     works[0].done = True
     assert tracker.poll() == 2
     assert [r.timing for r in records[:2]] == [schema.TIMING_DEVICE_POLLED] * 2 and g.completed == 2
-    assert tracker.pending() == 1 and recorder.inflight == {id(records[2]): records[2]}
+    assert tracker.pending() == 1 and recorder.inflight == {records[2]: records[2]}
 
 
 def test_beyond_the_cap_works_are_released_and_complete_by_stream_order() -> None:

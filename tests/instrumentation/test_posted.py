@@ -21,7 +21,7 @@ def _posted(recorder: Recorder, seq: int, op: str, returned: bool = True, async_
     record = OpRecord("api", op, _gloo(), seq, seq)
     record.peer, record.async_op = 1, async_op
     record.call_end_ns = seq + 1 if returned else 0
-    recorder.inflight[id(record)] = record
+    recorder.inflight[record] = record
     return record
 
 

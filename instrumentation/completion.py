@@ -25,22 +25,32 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from mycroft.instrumentation.op_record import OpRecord
 
 from mycroft import schema
-
-if TYPE_CHECKING:
-    from mycroft.instrumentation.recorder import OpRecord, Recorder
 
 log = logging.getLogger("mycroft.instrumentation")
 
 QueueKey = tuple[str, int]  # (group id, peer): peer -1 is the group's collective stream
 
 
+class Completer(Protocol):
+    """What the tracker completes ops through: the Recorder (which owns the tracker, so the tracker
+    names only what it calls)."""
+
+    def complete(self, record: OpRecord, state: str = ..., timing: str = ...) -> None: ...
+
+    def failed(self, record: OpRecord, exc: BaseException) -> None: ...
+
+    def _note_error(self, where: str, exc: BaseException) -> None: ...
+
+
 class CompletionTracker:
     """Works of device-async ops, polled in order per stream; completes their OpRecords."""
 
-    def __init__(self, recorder: Recorder, poll_s: float = 0.001, max_works: int = 1024) -> None:
+    def __init__(self, recorder: Completer, poll_s: float = 0.001, max_works: int = 1024) -> None:
         self.recorder = recorder
         self.poll_s = poll_s
         self.max_works = max_works  # per queue (stream)

@@ -19,6 +19,7 @@ from typing import Any
 
 from mycroft.instrumentation.completion import CompletionTracker
 from mycroft.instrumentation.groups import GroupInfo, GroupRegistry
+from mycroft.instrumentation.op_record import OpRecord
 from mycroft.instrumentation.ops import OpSpec, arg
 
 from mycroft import schema
@@ -29,8 +30,6 @@ _now_ns = time.time_ns
 _P2P_OPS = schema.P2P_OPS
 _COMPLETED = schema.STATE_COMPLETED
 _EXACT = schema.TIMING_EXACT
-_IN_FLIGHT = schema.STATE_IN_FLIGHT
-_PYTHON = schema.SOURCE_PYTHON
 
 
 class _Depth:
@@ -57,59 +56,7 @@ class PerThread(threading.local):
 
 
 _NO_WORK: Any = object()
-Beginner = Callable[[tuple[Any, ...], dict[str, Any], Any], "OpRecord | None"]
-
-
-class OpRecord:
-    """One collective / p2p op on this rank. Mutated only until it is queued."""
-
-    __slots__ = (
-        "api",
-        "async_op",
-        "bytes",
-        "call_end_ns",
-        "device",
-        "dst",
-        "dtype",
-        "end_ns",
-        "error",
-        "group",
-        "key",
-        "op",
-        "peer",
-        "reduce_op",
-        "root",
-        "seq",
-        "source",
-        "src",
-        "start_ns",
-        "state",
-        "timing",
-    )
-
-    def __init__(self, api: str, op: str, group: GroupInfo, seq: int, start_ns: int, nbytes: int = 0,
-                 dtype: Any = None, reduce_op: Any = None, async_op: bool = False) -> None:
-        self.api = api
-        self.op = op
-        self.group = group
-        self.seq = seq
-        self.start_ns = start_ns
-        self.end_ns = 0
-        self.call_end_ns = 0  # when the issuing call returned (device-async backends: enqueue)
-        self.device = group.device_async  # completes on the device, after the call
-        self.bytes = nbytes
-        self.dtype = dtype  # torch.dtype, named off the hot path
-        self.peer = -1
-        self.src = -1
-        self.dst = -1
-        self.root = -1
-        self.reduce_op = reduce_op  # torch ReduceOp / str, named off the hot path
-        self.async_op = async_op
-        self.state = _IN_FLIGHT
-        self.error = ""
-        self.timing = _EXACT
-        self.source = _PYTHON
-        self.key = 0
+Beginner = Callable[[tuple[Any, ...], dict[str, Any], Any], OpRecord | None]
 
 
 _KEYWORD_ONLY = sys.maxsize

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mycroft.instrumentation.groups import GroupInfo
-from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.op_record import OpRecord
 
 from mycroft import schema
 from mycroft.otlp import AttrValue, SpanRecord

@@ -34,7 +34,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from mycroft import __version__, schema
 from mycroft.instrumentation.groups import GroupInfo
-from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.op_record import OpRecord
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
 from mycroft.otlp import AttrValue, SpanRecord, _kvs, _span_to_proto
 

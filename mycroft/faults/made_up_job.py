@@ -19,7 +19,7 @@ from mycroft import schema
 from mycroft.instrumentation.config import DEFAULT_TRACE_BUDGET
 from mycroft.instrumentation.digest import SignatureDigests
 from mycroft.instrumentation.groups import DEVICE_ASYNC_BACKENDS, GroupInfo
-from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.op_record import OpRecord
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span
 from mycroft.otlp import AttrValue, SpanRecord
 

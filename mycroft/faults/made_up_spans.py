@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from mycroft import schema
 from mycroft.faults import made_up_job
 from mycroft.instrumentation.groups import GroupInfo
-from mycroft.instrumentation.recorder import OpRecord
+from mycroft.instrumentation.op_record import OpRecord
 from mycroft.instrumentation.spans import op_span
 from mycroft.otlp import AttrValue, SpanRecord
 

@@ -20,8 +20,10 @@ there: the frontier does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,11 @@ log = logging.getLogger("mycroft.instrumentation")
 
 
 def parse_pg_status(text: str | bytes) -> dict[str, tuple[int, int]]:
-    """{pg name: (last enqueued, last completed) collective seq} from a Flight Recorder dump (pure)."""
+    """{pg id: (last enqueued, last completed) collective seq} from a Flight Recorder dump (pure).
+
+    The keys are this process's own pg ids (the order in which it created its groups' backends),
+    not torch's group names: a rank that is no member of some `new_group` numbers its later groups
+    differently from its peers and from the names. `parse_pg_ids` names them."""
     doc = json.loads(text)
     status = doc.get("pg_status") if isinstance(doc, dict) else None
     out: dict[str, tuple[int, int]] = {}
@@ -45,6 +51,18 @@ def parse_pg_status(text: str | bytes) -> dict[str, tuple[int, int]]:
             out[str(key)] = (int(value.get("last_enqueued_collective", -1)),
                              int(value.get("last_completed_collective", -1)))
         except (TypeError, ValueError):
+            continue
+    return out
+
+
+def parse_pg_ids(text: str | bytes) -> dict[str, str]:
+    """{pg id: torch's group name} from the entries of a dump (pure): only entries carry both."""
+    doc = json.loads(text)
+    out: dict[str, str] = {}
+    for e in doc.get("entries", []) if isinstance(doc, dict) else []:
+        try:
+            out[str(e["pg_id"])] = str(e["process_group"][0])
+        except (KeyError, TypeError, IndexError):
             continue
     return out
 
@@ -126,17 +144,28 @@ def dump_functions() -> list[Callable[..., Any]]:
     return found
 
 
+LEARN_FIRST_S = 1.0  # after a full dump that left a pg id unnamed, the next try; doubles up to LEARN_MAX_S
+LEARN_MAX_S = 60.0
+
+
 class FrontierReader:
     """Reads pg_status on demand from every dump torch has; a dump that fails is dropped (logged once).
 
+    pg_status names groups by this process's pg ids; a full dump (its entries carry id and name) is
+    taken when an id appears that no dump has named yet — once per new group, backing off for one
+    whose entries the ring buffer no longer holds. An id not named is left out, never guessed: taken
+    for a group name, it gave one group another's frontier (a TP group the DP group's seq).
     A later dump wins for a group both report (NCCL's is the truth for NCCL groups).
     """
 
     def __init__(self, dump: Callable[..., Any] | None = None,
                  dumps: list[Callable[..., Any]] | None = None) -> None:
         self._dumps = [dump] if dump is not None else (dumps if dumps is not None else dump_functions())
+        self._names: dict[Callable[..., Any], dict[str, str]] = {}  # per dump: pg id -> group name
+        self._learn_at: dict[Callable[..., Any], tuple[float, float]] = {}  # per dump: (next try, backoff)
         self.reads = 0
         self.entry_reads = 0
+        self.name_reads = 0
 
     @property
     def available(self) -> bool:
@@ -145,23 +174,43 @@ class FrontierReader:
     def read(self) -> dict[str, tuple[int, int]]:
         """{pg name: (last enqueued, last completed)}: pg_status only (small)."""
         merged: dict[str, tuple[int, int]] = {}
-        for part in self._call(False, parse_pg_status):
-            merged.update(part)
+        for dump in list(self._dumps):
+            status = self._call(dump, False, False, parse_pg_status)
+            if not status:
+                continue
+            names = self._names.setdefault(dump, {})
+            if any(key not in names for key in status):
+                self._learn(dump, names)
+            for key, value in status.items():
+                name = names.get(key)
+                if name is not None:
+                    merged[name] = value
         self.reads += 1
         return merged
 
     def read_active(self) -> list[FrEntry]:
         """The collectives the Flight Recorder holds as not completed (entries; onlyActive)."""
         self.entry_reads += 1
-        return [entry for part in self._call(True, parse_active) for entry in part]
-
-    def _call(self, entries: bool, parse: Callable[[Any], Any]) -> list[Any]:
-        out = []
+        out: list[FrEntry] = []
         for dump in list(self._dumps):
-            try:
-                out.append(parse(dump(entries, entries)))  # includeCollectives, onlyActive
-            except Exception as exc:
-                self._dumps.remove(dump)
-                log.info("mycroft: a Flight Recorder dump is unavailable (%r); Mycroft sees only the "
-                         "collectives issued from Python through it", exc)
+            out.extend(self._call(dump, True, True, parse_active) or [])
         return out
+
+    def _learn(self, dump: Callable[..., Any], names: dict[str, str]) -> None:
+        now = time.monotonic()
+        next_try, backoff = self._learn_at.get(dump, (0.0, LEARN_FIRST_S))
+        if now < next_try:
+            return
+        self.name_reads += 1
+        names.update(self._call(dump, True, False, parse_pg_ids) or {})
+        self._learn_at[dump] = (now + backoff, min(LEARN_MAX_S, backoff * 2))
+
+    def _call(self, dump: Callable[..., Any], entries: bool, only_active: bool, parse: Callable[[Any], Any]) -> Any:
+        try:
+            return parse(dump(entries, only_active))  # includeCollectives, onlyActive
+        except Exception as exc:
+            with contextlib.suppress(ValueError):
+                self._dumps.remove(dump)
+            log.info("mycroft: a Flight Recorder dump is unavailable (%r); Mycroft sees only the "
+                     "collectives issued from Python through it", exc)
+            return None

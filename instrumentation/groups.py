@@ -12,6 +12,7 @@ move the counter, so numbering stays right after them.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import weakref
 from collections.abc import Callable
@@ -34,6 +35,8 @@ def completes_on_device(pg: Any, backend: str) -> bool:
     names = {part.rsplit(":", 1)[-1].strip() for part in backend.lower().split(",")}
     return bool(names & DEVICE_ASYNC_BACKENDS)
 
+P2P_TAKEN_MAX = 16384  # p2p counter positions kept per group for frontier reads
+
 
 @dataclass(slots=True)
 class GroupInfo:
@@ -50,6 +53,9 @@ class GroupInfo:
     has_counter: bool = True
     own_counter: int = 0  # fallback when the backend has no sequence counter
     p2p_counter_delta: int = 0  # how far our own p2p ops moved torch's counter
+    # the counter values our p2p ops took, above the frontier last read (see `collective_frontier`)
+    p2p_taken: list[int] = field(default_factory=list)
+    p2p_below: int = 0  # ... and how many lie at or below it
     pair_seq: dict[tuple[int, int], int] = field(default_factory=dict)
     issued: int = 0  # last collective seq issued on this rank
     completed: int = 0  # last collective seq completed on this rank
@@ -97,6 +103,34 @@ class GroupInfo:
         self.own_counter += 1
         self.issued = seq
         return seq
+
+    def note_p2p(self, before: int, after: int) -> None:
+        """Our p2p op moved torch's counter from `before` to `after` (gloo counts p2p ops there)."""
+        self.p2p_counter_delta += after - before
+        if after > before:
+            self.p2p_taken.extend(range(before + 1, after + 1))
+            if len(self.p2p_taken) > P2P_TAKEN_MAX:  # no frontier reads here: keep it bounded
+                del self.p2p_taken[:-P2P_TAKEN_MAX]
+                self.p2p_below = self.p2p_counter_delta - P2P_TAKEN_MAX
+
+    def collective_frontier(self, enqueued: int, completed: int) -> tuple[int, int]:
+        """pg_status's (last enqueued, last completed) in this group's collective numbering.
+
+        gloo's pg_status counts on torch's counter, which p2p ops move too, while collective seqs
+        (ours, and the Flight Recorder entries') count collectives only: each p2p position at or
+        below a frontier value is taken off it. The frontier only moves forward, so the positions
+        below the completed one are folded into a count.
+        """
+        if not self.p2p_counter_delta:
+            return enqueued, completed
+        taken = self.p2p_taken
+        below_completed = bisect.bisect_right(taken, completed)
+        out = (enqueued - self.p2p_below - bisect.bisect_right(taken, enqueued) if enqueued >= 0 else enqueued,
+               completed - self.p2p_below - below_completed if completed >= 0 else completed)
+        if below_completed:
+            del taken[:below_completed]
+            self.p2p_below += below_completed
+        return out
 
     def next_pair_seq(self, src: int, dst: int) -> int:
         key = (src, dst)

@@ -296,7 +296,7 @@ class Recorder:
             record.call_end_ns = _now_ns()
             info = record.group
             if record.op in schema.P2P_OPS and count_p2p:
-                info.p2p_counter_delta += info.counter() - record.key
+                info.note_p2p(record.key, info.counter())
                 if record.peer < 0 and isinstance(result, int):  # recv from any source
                     record.peer = record.src = result
                     record.seq = info.next_pair_seq(record.src, record.dst)

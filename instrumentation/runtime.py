@@ -397,7 +397,7 @@ class Runtime:
             frontier = status.get(info.name)
             if frontier is None:
                 continue
-            info.fr_enqueued, info.fr_completed = frontier
+            info.fr_enqueued, info.fr_completed = info.collective_frontier(*frontier)
             if info.gid in workless:
                 tracker.complete_through(info.gid, info.fr_completed, schema.TIMING_FLIGHT_RECORDER)
         self._cover_cpp_ops(groups)

@@ -20,7 +20,8 @@ gloo alone cannot tell the two apart. This module plays NCCL on CPUs:
   this process is drained. `sleep_on_stream()` plays `torch.cuda._sleep()`: a long "kernel"
   on a group's stream that collectives issued after it queue behind.
 - The Flight Recorder: when torch has no `_dump_nccl_trace_json` (CPU builds), `register()`
-  installs one that answers in NCCL's format for these groups (pg_status per group: last
+  installs one that answers in NCCL's format for these groups (pg_status per group, keyed by the
+  process's own pg id as NCCL's is, which the entries map to group names: last
   enqueued / started / completed collective; completed is advanced by the watchdog).
 - The profiler plugin: with NCCL_PROFILER_PLUGIN set, each group loads it as NCCL does and
   drives its v6 ABI: init per communicator (at the first collective, as torch's lazy init;
@@ -40,6 +41,7 @@ import contextlib
 import ctypes
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import queue
@@ -72,6 +74,7 @@ FR_VERSION = "2.10"
 
 _groups: weakref.WeakSet[NcclLikeProcessGroup] = weakref.WeakSet()
 _groups_lock = threading.Lock()
+_fr_ids = itertools.count()  # NCCL's per-process pg id: its Flight Recorder keys pg_status by it, not by name
 
 
 class _Stream:
@@ -424,6 +427,7 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
         self._coll_bytes = 0
         with _groups_lock:
             _groups.add(self)
+            self.fr_id = next(_fr_ids)
 
     # ------------------------------------------------------------------ identity
     def getBackendName(self) -> str:
@@ -656,6 +660,7 @@ class NcclLikeProcessGroup(dist.ProcessGroup):
             out.append({
                 "collective_seq_id": work.seq,
                 "p2p_seq_id": 0,
+                "pg_id": self.fr_id,
                 "profiling_name": f"nccl:{work.op}",
                 "process_group": [name, desc],
                 "state": "completed" if completed else "scheduled",
@@ -693,7 +698,7 @@ def dump_nccl_trace_json(includeCollectives: bool = True, onlyActive: bool = Fal
         except Exception:
             continue
         doc["pg_config"][name] = {"name": name, "desc": pg.group_desc, "ranks": json.dumps(ranks)}
-        doc["pg_status"][name] = pg.fr_status()
+        doc["pg_status"][str(pg.fr_id)] = pg.fr_status()
         if includeCollectives:
             entries.extend(pg.fr_entries(onlyActive))
     if includeCollectives:

@@ -159,3 +159,19 @@ def test_heartbeats_report_frontier_and_end_with_a_final_record(traced_job: tupl
             beat.attributes[schema.ATTR_HB_GROUP_COMPLETED])
     last = max((s for s in finals if s.rank == 0), key=lambda s: s.end_ns)
     assert max(last.attributes[schema.ATTR_HB_GROUP_COMPLETED]) > 10
+
+
+def test_each_group_counts_the_same_on_every_member(traced_job: tuple[list, str]) -> None:
+    """At the end every member of a group has completed the same collectives in it. pg_status names
+    groups by each rank's own pg ids, which differ from torch's group names on a rank that is no
+    member of some new_group (mesh slices): read as names, a group took another's frontier as its own."""
+    spans, _ = traced_job
+    finals = [s for s in spans if s.kind == schema.KIND_HEARTBEAT and s.attributes.get(schema.ATTR_HB_FINAL)]
+    by_group: dict[str, dict[int, int]] = defaultdict(dict)
+    for beat in finals:
+        attrs = beat.attributes
+        for gid, completed in zip(attrs[schema.ATTR_HB_GROUP_IDS], attrs[schema.ATTR_HB_GROUP_COMPLETED], strict=True):
+            by_group[gid][beat.rank] = completed
+    shared = {gid: counts for gid, counts in by_group.items() if len(counts) > 1}
+    assert len(shared) >= 4, by_group
+    assert {gid: counts for gid, counts in shared.items() if len(set(counts.values())) > 1} == {}

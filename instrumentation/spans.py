@@ -130,10 +130,12 @@ def heartbeat_attributes(
         schema.ATTR_HB_INFLIGHT_DTYPES: [readable(record.dtype) for record in ops],
         schema.ATTR_HB_IDLE_S: round(idle_s, 4),
     }
-    if any(info.device_async for info in group_list):
-        # device-async backends: an op can be in flight after its call returned (enqueued),
-        # and the Flight Recorder's own frontier is there to cross-check ours
+    if any(record.call_end_ns for record in ops):
+        # an op in flight after its call returned (async; device-async backends; issued from C++, seen by
+        # the Flight Recorder): the rank is not inside that call, whose completion may come late or unseen
         out[schema.ATTR_HB_INFLIGHT_RETURNED] = [record.call_end_ns > 0 for record in ops]
+    if any(info.device_async for info in group_list):
+        # device-async backends: the Flight Recorder's own frontier is there to cross-check ours
         out[schema.ATTR_HB_GROUP_FR_COMPLETED] = [info.fr_completed for info in group_list]
     return out
 

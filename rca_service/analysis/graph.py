@@ -6,6 +6,8 @@ the members that block it (have not issued it, or are dead / gone). An op its pe
 finished (every other member completed the collective; the receiver completed the send)
 is no wait: the rank's own completion is late to arrive (a wait the instrumentation could
 not see end, e.g. funcol's C++ wait_tensor), and the rank gets no edge to it. Nor does a
+collective whose call returned on this rank and that some member completed (every member
+entered it): a rank in its own code still lists an op its C++ waits lazily. Nor does a
 rank that posted its ops and waits on none (schema.ATTR_HB_POSTED_ONLY): it is in its own
 code, and may be the sink its peers wait on. Routing through op
 nodes keeps the graph O(ranks) even for a 16k-member group, and chains across groups
@@ -84,6 +86,16 @@ def _unfinished_members(job: JobState, members: tuple[int, ...], gid: str, seq: 
 def _peers_finished(unfinished: list[int], members: tuple[int, ...], me: int) -> bool:
     """Every member but `me` completed the op (a group we know no members of finished nothing)."""
     return bool(members) and (not unfinished or unfinished == [me])
+
+
+def _a_member_completed(job: JobState, members: tuple[int, ...], gid: str, seq: int) -> bool:
+    """Some member completed the collective: every member entered it, so no one waits in it for a rank."""
+    ranks = job.ranks
+    for m in members:
+        rank = ranks.get(m)
+        if rank is not None and rank.completed.get(gid, 0) >= seq:
+            return True
+    return False
 
 
 def received(job: JobState, gid: str, src: int, dst: int, seq: int) -> bool:
@@ -195,6 +207,11 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
                 left[node] = members, _unfinished_members(job, members, op.group_id, op.seq)
             members, not_done = left[node]
             if _peers_finished(not_done, members, rank.rank):
+                continue
+            if op.returned and not_done != [] and _a_member_completed(job, members, op.group_id, op.seq):
+                # this rank is not inside the call, and a member finished the op (so all entered it): the
+                # rank's completion is one it cannot see (a C++ wait that is lazy, as DDP's unused-parameter
+                # all-reduce; gloo's Flight Recorder marks an op completed only when it is waited), no wait
                 continue
             unfinished[node, next(m for m in not_done if m != rank.rank) if members else -1] = None
             edges.append((me, node))

@@ -19,7 +19,8 @@
 
 enum {
     K_COUNTER, K_INTERVAL, K_FINAL, K_IDLE, K_STACK, K_COMM, K_DONE, K_STEP, K_DROPPED, K_ISSUED, K_COMPLETED,
-    K_IDS, K_NAMES, K_MEMBERS, K_INFLIGHT_GIDS, K_SEQS, K_OPS, K_AGES, K_PEERS, K_SIZES, K_DTYPES, K_DIGEST_GIDS,
+    K_IDS, K_NAMES, K_MEMBERS, K_INFLIGHT_GIDS, K_SEQS, K_OPS, K_AGES, K_PEERS, K_SIZES, K_DTYPES, K_RETURNED,
+    K_DIGEST_GIDS,
     K_SPANS_KEPT, K_SPANS_ANOMALIES, K_SPANS_SAMPLED_OUT, /* the trace budget's counts, in this order */
     N_KEYS
 };
@@ -32,7 +33,7 @@ static PyObject *op_send;     /* str */
 static PyObject *run_keys[9]; /* span kind key, the heartbeat kind, rank key, job id key, admission.HEARTBEAT_CHECKED */
 static PyObject *inflight_type;
 static PyObject *seq_record_type;
-static Py_ssize_t inflight_slots[7]; /* InFlight's slot offsets in field order; [0] == 0: call the type */
+static Py_ssize_t inflight_slots[8]; /* InFlight's slot offsets in field order; [0] == 0: call the type */
 static int configured;
 
 /* attribute names of the state dataclasses (code, not schema keys) */
@@ -54,7 +55,8 @@ static const char *const ATTR_NAMES[N_ATTRS] = {
 static PyObject *names[N_ATTRS];
 static PyObject *zero, *one, *minus_one, *empty_str;
 
-static const char *const INFLIGHT_FIELDS[7] = {"group_id", "seq", "op", "age_s", "peer", "bytes", "observed_at"};
+static const char *const INFLIGHT_FIELDS[8] = {"group_id", "seq", "op", "age_s", "peer", "bytes", "observed_at",
+                                                "returned"};
 
 /* ------------------------------------------------------------------------ small helpers */
 static PyObject *get(PyObject *attrs, int key) { /* borrowed, NULL when absent (no error) */
@@ -120,13 +122,13 @@ static int keep_max(PyObject *d, PyObject *key, PyObject *value) {
 }
 
 static PyObject *new_inflight(PyObject *gid, PyObject *seq, PyObject *op, PyObject *age, PyObject *peer,
-                              PyObject *size, PyObject *observed_at) {
-    PyObject *args[7] = {gid, seq, op, age, peer, size, observed_at};
-    if (!inflight_slots[0]) return PyObject_Vectorcall(inflight_type, args, 7, NULL);
+                              PyObject *size, PyObject *observed_at, PyObject *returned) {
+    PyObject *args[8] = {gid, seq, op, age, peer, size, observed_at, returned};
+    if (!inflight_slots[0]) return PyObject_Vectorcall(inflight_type, args, 8, NULL);
     PyTypeObject *type = (PyTypeObject *)inflight_type;
     PyObject *obj = type->tp_alloc(type, 0);
     if (obj == NULL) return NULL;
-    for (int i = 0; i < 7; i++) { /* a new object's slots are NULL */
+    for (int i = 0; i < 8; i++) { /* a new object's slots are NULL */
         Py_INCREF(args[i]);
         *(PyObject **)((char *)obj + inflight_slots[i]) = args[i];
     }
@@ -176,18 +178,19 @@ fail:
 
 /* ------------------------------------------------------------------------ the in-flight ops */
 typedef struct {
-    PyObject *gids, *seqs, *ops, *ages, *peers, *sizes, *dtypes; /* exact lists or NULL */
+    PyObject *gids, *seqs, *ops, *ages, *peers, *sizes, *dtypes, *returned; /* exact lists or NULL */
 } InflightArrays;
 
 static int inflight_checked(PyObject *attrs, InflightArrays *f) {
     if (!list_or_absent(get(attrs, K_SEQS), &f->seqs) || !list_or_absent(get(attrs, K_OPS), &f->ops) ||
         !list_or_absent(get(attrs, K_AGES), &f->ages) || !list_or_absent(get(attrs, K_PEERS), &f->peers) ||
-        !list_or_absent(get(attrs, K_SIZES), &f->sizes) || !list_or_absent(get(attrs, K_DTYPES), &f->dtypes))
+        !list_or_absent(get(attrs, K_SIZES), &f->sizes) || !list_or_absent(get(attrs, K_DTYPES), &f->dtypes) ||
+        !list_or_absent(get(attrs, K_RETURNED), &f->returned))
         return 0;
     return items_are(f->gids, &PyUnicode_Type) && items_are(f->seqs, &PyLong_Type) &&
            items_are(f->ops, &PyUnicode_Type) && items_are(f->ages, &PyFloat_Type) &&
            items_are(f->peers, &PyLong_Type) && items_are(f->sizes, &PyLong_Type) &&
-           items_are(f->dtypes, &PyUnicode_Type);
+           items_are(f->dtypes, &PyUnicode_Type) && items_are(f->returned, &PyBool_Type);
 }
 
 static PyObject *item_or(PyObject *list, Py_ssize_t i, PyObject *fallback) {
@@ -240,7 +243,8 @@ static PyObject *fold_inflight(PyObject *job, PyObject *rank, InflightArrays *f,
             goto fail;
         }
         if (!done) {
-            PyObject *op = new_inflight(gid, seq, name, age, peer, size, received_at);
+            PyObject *returned = item_or(f->returned, i, Py_False) == Py_True ? Py_True : Py_False;
+            PyObject *op = new_inflight(gid, seq, name, age, peer, size, received_at, returned);
             if (op == NULL || PyList_Append(inflight, op) < 0) {
                 Py_XDECREF(op);
                 Py_XDECREF(key);
@@ -716,8 +720,8 @@ static void inflight_layout(void) {
     int plain = PyObject_HasAttrString(inflight_type, "__dataclass_fields__") &&
                 !PyObject_HasAttrString(inflight_type, "__post_init__") && type->tp_alloc == PyType_GenericAlloc;
     if (!plain) return;
-    Py_ssize_t slots[7];
-    for (int i = 0; i < 7; i++) {
+    Py_ssize_t slots[8];
+    for (int i = 0; i < 8; i++) {
         PyObject *descr = PyObject_GetAttrString(inflight_type, INFLIGHT_FIELDS[i]);
         if (descr == NULL) {
             PyErr_Clear();

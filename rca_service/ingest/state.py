@@ -58,6 +58,7 @@ class InFlight:
     peer: int  # -1 for collectives
     bytes: int
     observed_at: float
+    returned: bool = False  # the issuing call returned (async, or issued from C++): the rank is not inside it
 
     def age_at(self, now: float) -> float:
         return self.age_s + max(0.0, now - self.observed_at)
@@ -470,7 +471,8 @@ def _fold_digests(job: JobState, rank: RankState, a: dict[str, Any], gids: list[
 
 
 _INFLIGHT_ARRAYS = (schema.ATTR_HB_INFLIGHT_SEQS, schema.ATTR_HB_INFLIGHT_OPS, schema.ATTR_HB_INFLIGHT_AGES_S,
-                    schema.ATTR_HB_INFLIGHT_PEERS, schema.ATTR_HB_INFLIGHT_BYTES, schema.ATTR_HB_INFLIGHT_DTYPES)
+                    schema.ATTR_HB_INFLIGHT_PEERS, schema.ATTR_HB_INFLIGHT_BYTES, schema.ATTR_HB_INFLIGHT_DTYPES,
+                    schema.ATTR_HB_INFLIGHT_RETURNED)
 
 
 def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any], received_at: float,
@@ -479,8 +481,9 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
     said completed (_done; its frontiers are folded first); collectives also advance the issued
     frontier and leave their signature at their seq (a mismatch that hangs shows there). Decoded
     values are shared between heartbeats: read, never changed."""
-    seqs, ops, ages, peers, sizes, dtypes = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
+    seqs, ops, ages, peers, sizes, dtypes, returns = map(_shared_list, map(a.get, _INFLIGHT_ARRAYS))
     n_seqs, n_ops, n_ages, n_peers, n_sizes, n_dtypes = map(len, (seqs, ops, ages, peers, sizes, dtypes))
+    n_returns = len(returns)
     inflight: list[InFlight] = []
     groups, issued, me = job.groups, rank.issued, rank.rank
     for i, gid in enumerate(gids):
@@ -501,7 +504,7 @@ def _inflight(job: JobState, rank: RankState, a: dict[str, Any], gids: list[Any]
         size = sizes[i] if i < n_sizes else 0
         if size.__class__ is not int:
             size = _int(size)
-        op = InFlight(gid, seq, name, age, peer, size, received_at)
+        op = InFlight(gid, seq, name, age, peer, size, received_at, i < n_returns and returns[i] is True)
         if not _done(rank, op):
             inflight.append(op)
         if peer >= 0:

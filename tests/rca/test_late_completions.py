@@ -73,6 +73,40 @@ def test_a_blocked_rank_whose_last_op_reads_in_flight_is_still_named() -> None:
     assert top.evidence["blocked_ranks"] == 3
 
 
+def _ddp_lazy_job(t: float, returned: bool) -> JobState:
+    """DDP with find_unused_parameters on gloo (framework matrix, ddp_unused: 2 of 6 blocks unnamed): the
+    unused-parameter all-reduce (seq 8, issued from C++, waited lazily) reads in flight on ranks 0, 1, 3
+    long after rank 2 completed it; rank 1 then blocked before its optimizer step, ranks 0 and 3 wait in
+    the next forward's buffer broadcast (seq 9), rank 2 went on to seq 10."""
+    jobs: dict[str, JobState] = {}
+    g = Group("dp", (0, 1, 2, 3))
+    lazy = InFlightOp(g, 8, age_s=8.3, returned=returned)
+    hb = [heartbeat("job", r, 4, t, 1, [g], [9], [7], [lazy, InFlightOp(g, 9, op=schema.OP_BROADCAST, age_s=8.2)])
+          for r in (0, 3)]
+    hb.append(heartbeat("job", 1, 4, t, 1, [g], [8], [7], [lazy], stack=USER_STACK))
+    hb.append(heartbeat("job", 2, 4, t, 1, [g], [10], [9], [InFlightOp(g, 10, age_s=8.1, returned=True)]))
+    apply_records(jobs, hb, t, CFG)
+    return jobs["job"]
+
+
+def test_an_op_a_member_completed_and_whose_call_returned_is_no_wait() -> None:
+    t = 250.0
+    findings = analyze_job(_ddp_lazy_job(t, returned=True), t + 0.1, CFG)
+    assert findings
+    top = findings[0].root_causes[0]
+    assert (findings[0].kind, top.rank, top.kind) == ("hang", 1, "not_entered"), findings[0].text
+
+
+def test_an_op_a_member_completed_still_holds_a_rank_inside_the_call() -> None:
+    """The same op, but the ranks are inside its call (a sync collective: the call has not returned):
+    they wait in it, whoever finished it, and rank 1 is no sink."""
+    t = 260.0
+    job = _ddp_lazy_job(t, returned=False)
+    status = statuses(job, t + 0.1, CFG)
+    wf = wfg.build(job, status, [0, 1, 3], t + 0.1, CFG)
+    assert wf.graph.has_edge(wfg.rank_node(1), ("c", job.ranks[1].inflight[0].group_id, 8))
+
+
 def test_a_send_the_receiver_completed_is_no_wait() -> None:
     """Pipelining: rank 0's send of seq 3 reads in flight after rank 1 received it; rank 0 then
     blocked before its send of seq 4, in which rank 1 waits."""

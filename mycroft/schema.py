@@ -190,7 +190,7 @@ ATTR_HB_INFLIGHT_AGES_S: Final = "mycroft.hb.inflight.ages_s"
 ATTR_HB_INFLIGHT_PEERS: Final = "mycroft.hb.inflight.peers"  # -1 for collectives
 ATTR_HB_INFLIGHT_BYTES: Final = "mycroft.hb.inflight.bytes"
 ATTR_HB_INFLIGHT_DTYPES: Final = "mycroft.hb.inflight.dtypes"  # element type per in-flight op ("" unknown)
-ATTR_HB_INFLIGHT_RETURNED: Final = "mycroft.hb.inflight.returned"  # bool per in-flight op: its call returned (enqueued)
+ATTR_HB_INFLIGHT_RETURNED: Final = "mycroft.hb.inflight.returned"  # bool per in-flight op: its call returned
 ATTR_HB_GROUP_FR_COMPLETED: Final = "mycroft.hb.group.fr_completed"  # per group: FR's last completed seq, -1 unknown
 
 # Native per-flow counters of in-flight NCCL ops (parallel arrays)

@@ -42,8 +42,8 @@ class CompileWatch:
         if self._registered or self._failed:
             return
         module = sys.modules.get(_CALLBACKS)
-        if module is None:
-            return
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return  # not imported, or the job's thread is importing it right now: its names come later
         try:
             handler = module.callback_handler
             handler.register_start_callback(self._start)

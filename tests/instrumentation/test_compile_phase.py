@@ -53,3 +53,27 @@ def test_compiling_is_seen_during_the_first_compilation_only(monkeypatch: pytest
                           torch._dynamo.callback.callback_handler.end_callbacks):
             callbacks[:] = [cb for cb in callbacks if getattr(cb, "__self__", None) is not watch]
     assert torch.compile is original
+
+
+def test_a_module_being_imported_is_waited_for_not_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime thread polls while the job's thread imports torch._dynamo.callback: the module is in
+    sys.modules before its names are (seen in the framework matrix: phases lost for the whole run)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from mycroft.instrumentation import compile_phase
+
+    half = types.ModuleType(compile_phase._CALLBACKS)
+    half.__spec__ = importlib.machinery.ModuleSpec(compile_phase._CALLBACKS, None)
+    half.__spec__._initializing = True  # type: ignore[attr-defined]  # what importlib sets while it runs
+    monkeypatch.setitem(sys.modules, compile_phase._CALLBACKS, half)
+    watch = CompileWatch()
+    watch.poll()
+    assert not watch._failed and not watch._registered
+    registered: list[object] = []
+    half.callback_handler = types.SimpleNamespace(register_start_callback=registered.append,  # type: ignore[attr-defined]
+                                                  register_end_callback=registered.append)
+    half.__spec__._initializing = False  # type: ignore[attr-defined]
+    watch.poll()
+    assert watch._registered and registered == [watch._start, watch._end]

@@ -121,11 +121,6 @@ class Recorder:
         self.ops_done = 0
         self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
 
-    @property
-    def depth(self) -> _Depth:
-        """This thread's nesting depth (the wrappers read `per_thread.depth` once per call)."""
-        return self.per_thread.depth
-
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
         self.errors += 1
@@ -161,8 +156,8 @@ class Recorder:
         what the spec says (argument positions, flags, names) is read here, once, into closure
         constants; per call, arguments are read by position inline (`arg` is a call each), the
         group's info from the registry's dict without a call, the payload by `Tensor.nbytes` (one
-        C call; odd payloads go through payload_info), the seq from torch's counter (inline
-        `GroupInfo.next_collective_seq`), the record built in one constructor call.
+        C call; odd payloads go through payload_info), the seq from torch's counter
+        (`GroupInfo.next_collective_seq`), the record built in one constructor call.
         """
         # a keyword-only argument gets a position no call reaches: `n_args > pos` is then the one test
         g_pos, g_key = _position(spec.group)
@@ -211,15 +206,8 @@ class Recorder:
                     record = OpRecord(name, op, info, 0, start, nbytes, dtype, reduce_op, async_op)
                     self._p2p_fields(record, spec, info, args, kwargs)
                 else:
-                    if info.has_counter:  # GroupInfo.next_collective_seq, inline
-                        try:
-                            seq = info.seq_of(info.deref()) - info.p2p_counter_delta + 1
-                            info.issued = seq
-                        except Exception:
-                            seq = info.next_collective_seq()  # no counter after all: the fallback
-                    else:
-                        seq = info.next_collective_seq()
-                    record = OpRecord(name, op, info, seq, start, nbytes, dtype, reduce_op, async_op)
+                    record = OpRecord(name, op, info, info.next_collective_seq(), start, nbytes, dtype, reduce_op,
+                                      async_op)
                     if has_root:
                         self._root_field(record, spec, info, args, kwargs)
                 if track:

@@ -88,7 +88,7 @@ def _peers_finished(unfinished: list[int], members: tuple[int, ...], me: int) ->
     return bool(members) and (not unfinished or unfinished == [me])
 
 
-def _a_member_completed(job: JobState, members: tuple[int, ...], gid: str, seq: int) -> bool:
+def completed_by_a_member(job: JobState, members: Iterable[int], gid: str, seq: int) -> bool:
     """Some member completed the collective: every member entered it, so no one waits in it for a rank."""
     ranks = job.ranks
     for m in members:
@@ -208,7 +208,7 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
             members, not_done = left[node]
             if _peers_finished(not_done, members, rank.rank):
                 continue
-            if op.returned and not_done != [] and _a_member_completed(job, members, op.group_id, op.seq):
+            if op.returned and completed_by_a_member(job, members, op.group_id, op.seq):
                 # this rank is not inside the call, and a member finished the op (so all entered it): the
                 # rank's completion is one it cannot see (a C++ wait that is lazy, as DDP's unused-parameter
                 # all-reduce; gloo's Flight Recorder marks an op completed only when it is waited), no wait

@@ -186,7 +186,7 @@ def _moved(job: JobState, node: wfg.Node, members: list[int]) -> bool:
     in flight elsewhere is a completion late to arrive (or one the instrumentation could not see end),
     not a stalled transport."""
     if node[0] == "c":
-        return any(rank.completed.get(node[1], 0) >= node[2] for rank in map(job.ranks.get, members) if rank)
+        return wfg.completed_by_a_member(job, members, node[1], node[2])
     return wfg.received(job, *node[1:])
 
 

@@ -24,6 +24,7 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from mycroft import __version__, schema
 from mycroft.otlp import SpanRecord
+from mycroft.otlp_wire import WireEncoder
 
 log = logging.getLogger("mycroft.instrumentation")
 
@@ -54,7 +55,11 @@ def to_readable_span(record: SpanRecord, resource: Resource) -> ReadableSpan:
 
 
 def exporter_from_env() -> SpanExporter | None:
-    """The exporter the standard OTEL_* variables ask for (None: tracing export off)."""
+    """The exporter the standard OTEL_* variables ask for (None: tracing export off).
+
+    OTLP exporters are the library's, subclassed to also take pre-encoded requests
+    (`export_wire`): the library's per-span encoder is most of what a span costs (otlp_wire.py).
+    """
     names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
     name = next((n for n in names if n and n != "none"), "none")
     if name == "none":
@@ -70,12 +75,12 @@ def exporter_from_env() -> SpanExporter | None:
     if name == "otlp_proto_http" or protocol.startswith("http"):
         if protocol == "http/json":
             log.warning("mycroft: OTLP http/json export is not available in Python; using http/protobuf")
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+        from mycroft.instrumentation.wire_exporters import http_exporter
 
-        return HttpExporter()
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        return http_exporter()
+    from mycroft.instrumentation.wire_exporters import grpc_exporter
 
-    return GrpcExporter()
+    return grpc_exporter()
 
 
 class Shipper:
@@ -97,6 +102,9 @@ class Shipper:
         self.dropped_queue_full = 0
         self.dropped_export_failed = 0
         self._logged: set[str] = set()
+        # pre-encoded requests for exporters that take them (wire_exporters.py); the rest get ReadableSpans
+        self._wire = WireEncoder(resource.attributes, _SCOPE.name, _SCOPE.version or "", resource.schema_url) \
+            if callable(getattr(exporter, "export_wire", None)) else None
         self._thread = threading.Thread(target=self._run, name="mycroft-export", daemon=True)
         self._thread.start()
 
@@ -128,23 +136,25 @@ class Shipper:
         return batch
 
     def _export(self, batch: list[SpanRecord]) -> None:
-        spans = [to_readable_span(record, self.resource) for record in batch]
         if self._deliver is not None:
-            for span in spans:
+            for span in (to_readable_span(record, self.resource) for record in batch):
                 self._deliver.on_end(span)
-            self.exported += len(spans)
+            self.exported += len(batch)
             return
         if self._exporter is None:
             return
         try:
-            result = self._exporter.export(spans)
+            if self._wire is not None:
+                result = self._exporter.export_wire(self._wire.request(batch), len(batch))  # type: ignore[attr-defined]
+            else:
+                result = self._exporter.export([to_readable_span(record, self.resource) for record in batch])
         except Exception as exc:
             result = SpanExportResult.FAILURE
             self._log_once("exception", "mycroft: span export raised %r; dropping and counting", exc)
         if result is SpanExportResult.SUCCESS:
-            self.exported += len(spans)
+            self.exported += len(batch)
         else:
-            self.dropped_export_failed += len(spans)
+            self.dropped_export_failed += len(batch)
             self._log_once("failed", "mycroft: span export failed (collector unreachable?); "
                            "dropping and counting. Training is not affected.")
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 from mycroft.instrumentation import export
 from mycroft.instrumentation.export import Shipper, exporter_from_env, to_readable_span
+from mycroft.instrumentation.wire_exporters import WireGrpcExporter, WireHttpExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.resources import Resource
@@ -25,6 +26,7 @@ from opentelemetry.trace import StatusCode
 from mycroft import schema
 from mycroft.faults.made_up_job import Group, collective
 from mycroft.otlp import SpanRecord
+from mycroft.otlp_server import OtlpReceiver
 from tests.conftest import SpanSink, free_port
 
 RESOURCE = Resource.create({schema.RES_JOB_ID: "ship", schema.RES_RANK: 0, "service.name": "ship"})
@@ -48,22 +50,60 @@ def test_readable_span_keeps_ids_parent_and_error_status() -> None:
     assert ok.attributes == _spans(1)[0].attributes and ok.resource is RESOURCE
 
 
-def test_spans_reach_a_real_receiver_with_their_resource(otlp_sink: tuple[SpanSink, int]) -> None:
-    sink, port = otlp_sink
-    shipper = Shipper(GrpcExporter(endpoint=f"127.0.0.1:{port}", insecure=True), RESOURCE, max_queue=100,
-                      batch_size=8, delay_s=0.05)
-    sent = _spans(20)
+@pytest.fixture
+def receiver() -> Iterator[tuple[SpanSink, int, int]]:
+    """A real OTLP receiver on gRPC and HTTP: (sink, grpc port, http port)."""
+    sink = SpanSink()
+    server = OtlpReceiver(sink, "127.0.0.1:0", f"127.0.0.1:{free_port()}").start()
+    assert server.grpc_port and server.http_port
+    try:
+        yield sink, server.grpc_port, server.http_port
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("kind", ["library-grpc", "wire-grpc", "wire-http"])
+def test_spans_reach_a_real_receiver_with_their_resource(receiver: tuple[SpanSink, int, int], kind: str) -> None:
+    """The library's exporter (ReadableSpans, its encoder) and ours (pre-encoded requests, its transport)
+    deliver the same spans."""
+    sink, grpc_port, http_port = receiver
+    exporter: SpanExporter = {
+        "library-grpc": lambda: GrpcExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True),
+        "wire-grpc": lambda: WireGrpcExporter(endpoint=f"127.0.0.1:{grpc_port}", insecure=True),
+        "wire-http": lambda: WireHttpExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces"),
+    }[kind]()
+    shipper = Shipper(exporter, RESOURCE, max_queue=100, batch_size=8, delay_s=0.05)
+    assert (shipper._wire is not None) == kind.startswith("wire")
+    sent = _spans(20) + _spans(1, state=schema.STATE_ERROR)
+    sent[-1].span_id += 1  # its own span in the first op's trace
     try:
         shipper.submit(sent)
         assert shipper.flush(10.0)
-        assert sink.wait_for(lambda got: len(got) >= 20, timeout=10)
+        assert sink.wait_for(lambda got: len(got) >= len(sent), timeout=10)
     finally:
         shipper.shutdown()
     got = {(r.trace_id, r.span_id): r for r in sink.snapshot()}
     assert got.keys() == {(r.trace_id, r.span_id) for r in sent}
-    one = got[(sent[0].trace_id, sent[0].span_id)]
-    assert one.resource[schema.RES_JOB_ID] == "ship" and one.attributes[schema.ATTR_SEQ] == 1
-    assert shipper.exported == 20 and shipper.dropped == 0
+    for record in sent:
+        arrived = got[(record.trace_id, record.span_id)]
+        assert (arrived.attributes, arrived.status_code, arrived.status_message, arrived.start_ns,
+                arrived.end_ns) == (record.attributes, record.status_code, record.status_message,
+                                    record.start_ns, record.end_ns)
+        assert arrived.resource[schema.RES_JOB_ID] == "ship"
+    assert shipper.exported == len(sent) and shipper.dropped == 0
+
+
+def test_the_wire_exporters_count_a_dead_collector_as_failed() -> None:
+    closed = free_port()
+    for exporter in (WireGrpcExporter(endpoint=f"127.0.0.1:{closed}", insecure=True, timeout=1),
+                     WireHttpExporter(endpoint=f"http://127.0.0.1:{closed}/v1/traces", timeout=1)):
+        shipper = Shipper(exporter, RESOURCE, max_queue=100, batch_size=5, delay_s=0.01)
+        try:
+            shipper.submit(_spans(5))
+            assert shipper.flush(10.0)
+        finally:
+            shipper.shutdown()
+        assert shipper.exported == 0 and shipper.dropped_export_failed == 5, type(exporter).__name__
 
 
 class _Gate(SpanExporter):
@@ -176,7 +216,11 @@ def test_the_standard_variables_choose_the_exporter(monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(name, value)
     exporter = exporter_from_env()
     try:
-        assert (type(exporter) if exporter is not None else None) is kind
+        if kind is None:
+            assert exporter is None
+        else:  # the OTLP ones: the library's, taking Mycroft's pre-encoded requests (wire_exporters.py)
+            assert isinstance(exporter, kind)
+            assert callable(getattr(exporter, "export_wire", None)) == (kind is not ConsoleSpanExporter)
     finally:
         if exporter is not None:
             exporter.shutdown()

@@ -287,16 +287,17 @@ def _wait_tensor_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Ca
 def _work_wait_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
     """Work.wait, unchanged; the recorder knows a thread is inside it (Recorder.posted_only)."""
     compiling = compiling_check()
+    enter, leave = recorder.waiters.append, recorder.waiters.pop  # every sync collective passes here
 
     @functools.wraps(original)
     def wrapper(work: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling():
             return original(work, *args, **kwargs)
-        recorder.wait_started()
+        enter(None)
         try:
-            return original(work, *args, **kwargs)
+            return original(work, *args, **kwargs) if args or kwargs else original(work)
         finally:
-            recorder.wait_ended()
+            leave()
 
     return wrapper
 

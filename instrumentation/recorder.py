@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -25,6 +26,16 @@ from mycroft.instrumentation.ops import OpSpec, arg
 from mycroft import schema
 
 log = logging.getLogger("mycroft.instrumentation")
+
+_hot: Any
+try:  # the compiled begin / complete (instrumentation/_hot.c, built by `pip install`; optional)
+    from mycroft.instrumentation import _hot
+
+    _hot.configure(OpRecord, schema.STATE_IN_FLIGHT, schema.STATE_COMPLETED, schema.TIMING_EXACT,
+                   schema.SOURCE_PYTHON, frozenset(schema.P2P_OPS))
+except Exception:  # not built here, or built against another OpRecord: the Python definitions run
+    _hot = None
+ENV_HOT_PATH = "MYCROFT_HOT_PATH"  # "python": never the compiled begin / complete (tests compare both)
 
 _now_ns = time.time_ns
 _P2P_OPS = schema.P2P_OPS
@@ -90,10 +101,19 @@ def payload_info(value: Any) -> tuple[int, Any]:
         return 0, None
 
 
+def _root_setter(spec: OpSpec) -> Callable[[OpRecord, GroupInfo, tuple[Any, ...], Any], None]:
+    """Recorder._root_field for one spec, as the compiled begin calls it (kwargs may be None)."""
+    def set_root(record: OpRecord, info: GroupInfo, args: tuple[Any, ...], kwargs: Any) -> None:
+        Recorder._root_field(record, spec, info, args, kwargs or {})
+
+    return set_root
+
+
 class Recorder:
     """Per-process recording state shared by every wrapper."""
 
-    def __init__(self, queue_size: int, completion_poll_s: float = 0.001, max_pending_works: int = 1024) -> None:
+    def __init__(self, queue_size: int, completion_poll_s: float = 0.001, max_pending_works: int = 1024,
+                 compiled: bool | None = None) -> None:
         self.groups = GroupRegistry()
         self.queue: collections.deque[OpRecord] = collections.deque()
         self.queue_size = queue_size
@@ -112,14 +132,21 @@ class Recorder:
         self.funcol_pending: dict[int, OpRecord] = {}
         self.funcol_device: list[OpRecord] = []  # waited funcol ops of device-async groups
         self.failures_pending = False  # a failed op is queued: the runtime ships it at once
-        self.waiting = 0  # threads inside Work.wait() (patching's wrapper)
-        self._waiting_lock = threading.Lock()
+        # one entry per thread inside Work.wait() (patching's wrapper): append / pop are atomic C calls,
+        # where a counter needs a lock (`+=` from two threads can lose an update)
+        self.waiters: collections.deque[None] = collections.deque()
         # time with at least one op in flight (cumulative): the rest is compute. Heartbeats carry
         # it, so the RCA sees per rank and per interval how much it computed vs waited (skew-free)
         self.comm_ns = 0
         self.comm_since_ns = 0  # when the in-flight set last became non-empty
         self.ops_done = 0
         self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
+        # the compiled begin / complete where built (compiled=None: unless MYCROFT_HOT_PATH=python)
+        if compiled is None:
+            compiled = os.environ.get(ENV_HOT_PATH, "").strip().lower() != "python"
+        self.compiled = bool(compiled and _hot is not None)
+        if self.compiled:
+            self.complete = _hot.Completer(self, Recorder.complete)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
@@ -157,7 +184,8 @@ class Recorder:
         constants; per call, arguments are read by position inline (`arg` is a call each), the
         group's info from the registry's dict without a call, the payload by `Tensor.nbytes` (one
         C call; odd payloads go through payload_info), the seq from torch's counter
-        (`GroupInfo.next_collective_seq`), the record built in one constructor call.
+        (`GroupInfo.next_collective_seq`), the record built in one constructor call. Where the
+        compiled module is built (_hot.c), collectives' begin is its C copy of these steps.
         """
         # a keyword-only argument gets a position no call reaches: `n_args > pos` is then the one test
         g_pos, g_key = _position(spec.group)
@@ -172,6 +200,10 @@ class Recorder:
         has_root = bool(spec.root[1])
         groups = self.groups
         inflight = self.inflight
+        if self.compiled and not is_p2p:  # the same steps in C (_hot.c); p2p ops keep the Python ones
+            return _hot.Beginner(  # type: ignore[no-any-return]
+                self, name, op, spec.api, g_pos, g_key, p_pos, p_key, has_payload, r_key, r_pos, a_key, a_pos,
+                always_async, track, payload_info, _root_setter(spec) if has_root else None)
 
         def begin(args: tuple[Any, ...], kwargs: dict[str, Any], group: Any = None) -> OpRecord | None:
             try:
@@ -446,13 +478,10 @@ class Recorder:
     def snapshot_inflight(self) -> list[OpRecord]:
         return list(self.inflight.values())
 
-    def wait_started(self) -> None:
-        with self._waiting_lock:
-            self.waiting += 1
-
-    def wait_ended(self) -> None:
-        with self._waiting_lock:
-            self.waiting -= 1
+    @property
+    def waiting(self) -> int:
+        """Threads inside Work.wait() now."""
+        return len(self.waiters)
 
     def posted_only(self, inflight: list[OpRecord]) -> bool:
         """Every op in flight is a host-side async p2p op whose call returned, and no thread waits on a

@@ -27,12 +27,15 @@ them raised after the first step ended (the job running steadily).
 Costs, measured in the same invocation:
 - per op, per issuer, on the training thread (time.thread_time, one gloo process of world size 1,
   blocks switching MycroftInstrumentor().instrument() / uninstrument() in the same process):
-  a Python `dist.all_reduce` call, a DDP bucket (the C++ reducer; the DDP is rebuilt after each
-  switch, since the instrumentation hooks it at construction), and a collective inside compiled code
+  a Python `dist.all_reduce` call, a DDP bucket (the C++ reducer, seen by the Flight Recorder's
+  frontier by default; and routed through Mycroft's comm hook with MYCROFT_DDP_HOOK=1; the DDP is
+  rebuilt after each switch, since the instrumentation hooks it at construction), and a collective inside compiled code
   (torch.compile fullgraph, aot_eager, 8 funcol all_reduces per call);
 - the in-run step-time A/B: 4-rank jobs under opentelemetry-instrument switching the
   instrumentation off / on every `--ab-block` steps (framework_jobs --ab-block), median step
-  traced / plain.
+  traced / plain; and the same for the process's CPU time per step (every thread: where the
+  machine has fewer cores than ranks, wall time is mostly the scheduler's and CPU time is what
+  tracing costs).
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def plan_rows(frameworks: list[str], launchers: list[str], cross: bool) -> list[
 
 # ------------------------------------------------------------------------------------------ per-op cost
 PER_OP = r'''
-import gc, json, statistics, sys, tempfile, time
+import gc, json, os, statistics, sys, tempfile, time
 import torch, torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -149,20 +152,27 @@ def cpu(fn, *a):
     return time.thread_time_ns() - start
 
 
-res = {k: {"traced": [], "plain": []} for k in ("python_call", "ddp_reducer", "compiled")}
+res = {k: {"traced": [], "plain": []} for k in ("python_call", "ddp_reducer", "ddp_hook", "compiled")}
 buckets = 0
-for i in range(2 * reps):
-    mode = "traced" if i % 2 == 0 else "plain"
-    if mode == "traced":
-        instrumentor.instrument(span_exporter=Null())
-    else:
+for i in range(3 * reps):  # traced (defaults), plain, traced with MYCROFT_DDP_HOOK=1 (DDP only)
+    mode = ("traced", "plain", "hooked")[i % 3]
+    if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
+    if mode != "plain":
+        os.environ["MYCROFT_DDP_HOOK"] = "1" if mode == "hooked" else "auto"
+        instrumentor.instrument(span_exporter=Null())
     d = make_ddp()
     buckets = len(d.reducer._get_zeros_like_grad_buckets())
+    if mode == "hooked":
+        res["ddp_hook"]["traced"].append(cpu(ddp_steps, d, n_ddp) / (n_ddp * buckets))
+        del d
+        continue
     python_call(50)
     compiled_calls(5)
     res["python_call"][mode].append(cpu(python_call, n_call) / n_call)
     res["ddp_reducer"][mode].append(cpu(ddp_steps, d, n_ddp) / (n_ddp * buckets))
+    if mode == "plain":
+        res["ddp_hook"]["plain"].append(res["ddp_reducer"]["plain"][-1])
     res["compiled"][mode].append(cpu(compiled_calls, n_comp) / (n_comp * PER_CALL))
     del d
 if instrumentor.is_instrumented_by_opentelemetry:
@@ -211,10 +221,15 @@ def ab_ratio(framework: str, steps: int, block: int, grpc_port: int) -> dict[str
         finally:
             kill_tree(proc)
         if code != 0:
-            return {"framework": framework, "error": f"exit {code}: " + log.read_text(errors="replace")[-2000:]}
+            kept = Path(tempfile.gettempdir()) / f"mycroft-ab-{framework}-{int(time.time())}.log"
+            kept.write_bytes(log.read_bytes())  # the whole log: a crash's cause is rarely in the tail
+            return {"framework": framework, "error": f"exit {code} (log: {kept}): " +
+                    log.read_text(errors="replace")[-2000:]}
         plain, traced, ratio, pairs = ab_times_ratio(Path(out), block)
+        cpu_plain, cpu_traced, cpu_ratio, cpu_pairs = ab_times_ratio(Path(out), block, "cpu")
     return {"framework": framework, "steps": steps, "block": block, "plain_ms": plain * 1e3,
-            "traced_ms": traced * 1e3, "ratio": ratio, "pair_ratios": pairs}
+            "traced_ms": traced * 1e3, "ratio": ratio, "pair_ratios": pairs, "cpu_plain_ms": cpu_plain * 1e3,
+            "cpu_traced_ms": cpu_traced * 1e3, "cpu_ratio": cpu_ratio, "cpu_pair_ratios": cpu_pairs}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -281,7 +296,8 @@ def print_costs(per_op: dict[str, Any] | None, ab: list[dict[str, Any]]) -> None
         if "error" in per_op:
             print("  error: " + per_op["error"][-500:])
         for issuer, label in (("python_call", "Python dist.all_reduce (4 KiB)"),
-                              ("ddp_reducer", f"DDP bucket ({per_op.get('ddp_buckets')} buckets/step)"),
+                              ("ddp_reducer", f"DDP bucket ({per_op.get('ddp_buckets')}/step), default"),
+                              ("ddp_hook", "DDP bucket, MYCROFT_DDP_HOOK=1"),
                               ("compiled", "compiled funcol all_reduce (fullgraph)")):
             v = per_op.get(issuer)
             if v:
@@ -300,6 +316,11 @@ def print_costs(per_op: dict[str, Any] | None, ab: list[dict[str, Any]]) -> None
               f"median step plain {r['plain_ms']:.2f} ms, traced {r['traced_ms']:.2f} ms, ratio {r['ratio']:.3f}; "
               f"block pairs median {statistics.median(pairs) if pairs else float('nan'):.3f} "
               f"[{min(pairs, default=float('nan')):.2f}-{max(pairs, default=float('nan')):.2f}]")
+        cpu = r.get("cpu_pair_ratios")
+        if cpu:
+            print(f"    {'':<18} process CPU per step: plain {r['cpu_plain_ms']:.2f} ms, traced "
+                  f"{r['cpu_traced_ms']:.2f} ms, ratio {r['cpu_ratio']:.3f}; block pairs median "
+                  f"{statistics.median(cpu):.3f} [{min(cpu):.2f}-{max(cpu):.2f}]")
 
 
 def _git() -> dict[str, Any]:

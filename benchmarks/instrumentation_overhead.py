@@ -65,12 +65,13 @@ def ab_step_time_ratio(steps: int, block: int, port: int) -> tuple[float, float,
         return ab_times_ratio(out, block)
 
 
-def ab_times_ratio(out: Path, block: int) -> tuple[float, float, float, list[float]]:
-    """Read an --ab-block run's per-rank step times (`steps-<rank>-<traced|plain>.txt`, each mode's
-    blocks less their first 2 steps): (plain median, traced median, ratio, per-block-pair ratios)."""
+def ab_times_ratio(out: Path, block: int, prefix: str = "steps") -> tuple[float, float, float, list[float]]:
+    """Read an --ab-block run's per-rank step times (`<prefix>-<rank>-<traced|plain>.txt`, each mode's
+    blocks less their first 2 steps; prefix "cpu": the process's CPU time per step):
+    (plain median, traced median, ratio, per-block-pair ratios)."""
     per_mode: dict[str, list[list[float]]] = {"traced": [], "plain": []}
     for mode in per_mode:
-        for path in sorted(out.glob(f"steps-*-{mode}.txt")):
+        for path in sorted(out.glob(f"{prefix}-*-{mode}.txt")):
             per_mode[mode].append([float(v) for v in path.read_text().split()])
     usable = block - 2
     plain_all = [t for rank_times in per_mode["plain"] for t in rank_times]

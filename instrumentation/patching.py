@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mycroft.instrumentation.compile_phase import WATCH as COMPILE_WATCH
+from mycroft.instrumentation.flight_recorder import dump_functions
 from mycroft.instrumentation.ops import (
     C10D_ONLY_IN_DIST,
     C10D_SPECS,
@@ -472,11 +473,15 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
         try:
             import torch.distributed as dist
 
-            if mode is None:  # auto: no Python hook where the all-reduce completes on the device
+            if mode is None:  # auto: no Python hook where the Flight Recorder's frontier sees the all-reduce
                 info = recorder.groups.resolve(self.process_group)
-                if info is not None and info.device_async:
+                if info is not None and (info.device_async or dump_functions()):
+                    # the hook costs the training thread ~50 us per bucket (the reducer crossing into
+                    # Python, a future callback); the frontier costs it nothing and puts the bucket in
+                    # flight all the same, which is what a hang is read from
                     log.info("mycroft: DDP on %s keeps its built-in all-reduce; the Flight Recorder's "
-                             "frontier covers it (MYCROFT_DDP_HOOK=1 routes it through the tracer)", info.backend)
+                             "frontier covers it (MYCROFT_DDP_HOOK=1 routes it through the tracer, with a "
+                             "span per bucket)", info.backend)
                     return
 
             state = _DdpHookState(self.process_group, recorder)

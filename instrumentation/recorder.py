@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from mycroft.instrumentation.completion import CompletionTracker
@@ -27,12 +28,13 @@ from mycroft import schema
 
 log = logging.getLogger("mycroft.instrumentation")
 
-_hot: Any
+_hot: ModuleType | None
 try:  # the compiled begin / complete (instrumentation/_hot.c, built by `pip install`; optional)
-    from mycroft.instrumentation import _hot
+    from . import _hot as _built
 
-    _hot.configure(OpRecord, schema.STATE_IN_FLIGHT, schema.STATE_COMPLETED, schema.TIMING_EXACT,
-                   schema.SOURCE_PYTHON, frozenset(schema.P2P_OPS))
+    _built.configure(OpRecord, schema.STATE_IN_FLIGHT, schema.STATE_COMPLETED, schema.TIMING_EXACT,
+                     schema.SOURCE_PYTHON, frozenset(schema.P2P_OPS))
+    _hot = _built
 except Exception:  # not built here, or built against another OpRecord: the Python definitions run
     _hot = None
 ENV_HOT_PATH = "MYCROFT_HOT_PATH"  # "python": never the compiled begin / complete (tests compare both)
@@ -146,6 +148,7 @@ class Recorder:
             compiled = os.environ.get(ENV_HOT_PATH, "").strip().lower() != "python"
         self.compiled = bool(compiled and _hot is not None)
         if self.compiled:
+            assert _hot is not None
             self.complete = _hot.Completer(self, Recorder.complete)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ helpers
@@ -201,7 +204,8 @@ class Recorder:
         groups = self.groups
         inflight = self.inflight
         if self.compiled and not is_p2p:  # the same steps in C (_hot.c); p2p ops keep the Python ones
-            return _hot.Beginner(  # type: ignore[no-any-return]
+            assert _hot is not None
+            return _hot.Beginner(
                 self, name, op, spec.api, g_pos, g_key, p_pos, p_key, has_payload, r_key, r_pos, a_key, a_pos,
                 always_async, track, payload_info, _root_setter(spec) if has_root else None)
 

@@ -35,7 +35,8 @@ def module_files() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for package, folder in PACKAGE_DIRS.items():
         root = REPO / folder
-        for path in root.rglob("*.py"):
+        # a compiled module (_hot, _fold_fast, _otlp_fast) is a module too: its type stub stands for it
+        for path in [*root.rglob("*.py"), *(p for p in root.rglob("*.pyi") if not p.with_suffix(".py").exists())]:
             parts = path.relative_to(root).with_suffix("").parts
             if package == "mycroft" and len(parts) > 1:
                 continue  # mycroft/ holds the shared modules and mycroft.faults; the others map elsewhere

@@ -715,7 +715,8 @@ NEEDS_FOUR = ("fsdp2_hsdp", "mesh2d", "megatron_coalescing")
 class _AB:
     """--ab-block B: every B steps every rank switches the instrumentation off or on (between two
     barriers), so traced and plain blocks of steps share the machine's noise; the first 2 steps
-    after a switch are not counted. Step times go to <ab-out>/steps-<rank>-{traced,plain}.txt."""
+    after a switch are not counted. Step times go to <ab-out>/steps-<rank>-{traced,plain}.txt, the
+    process's CPU time per step to cpu-<rank>-{traced,plain}.txt."""
 
     def __init__(self, args: argparse.Namespace, job: Framework) -> None:
         from mycroft.instrumentation.instrumentor import MycroftInstrumentor
@@ -723,6 +724,9 @@ class _AB:
         self.block, self.out, self.job = args.ab_block, args.ab_out, job
         self.instrumentor = MycroftInstrumentor()  # the instance opentelemetry-instrument made (a singleton)
         self.times: dict[str, list[float]] = {"traced": [], "plain": []}
+        # the process's CPU per step (every thread: training, gloo's, Mycroft's): on a machine with fewer
+        # cores than ranks, wall time is mostly the scheduler's; CPU time is what tracing costs
+        self.cpu: dict[str, list[float]] = {"traced": [], "plain": []}
 
     def mode(self, step: int) -> str:
         return "traced" if ((step - 1) // self.block) % 2 == 0 else "plain"
@@ -743,13 +747,15 @@ class _AB:
         self.job.rewrap()
         dist.barrier()
 
-    def record(self, step: int, seconds: float) -> None:
+    def record(self, step: int, seconds: float, cpu_seconds: float) -> None:
         if (step - 1) % self.block >= 2:
             self.times[self.mode(step)].append(seconds)
+            self.cpu[self.mode(step)].append(cpu_seconds)
 
     def write(self, rank: int) -> None:
-        for mode, values in self.times.items():
-            Path(self.out, f"steps-{rank}-{mode}.txt").write_text("\n".join(f"{t:.7f}" for t in values))
+        for prefix, table in (("steps", self.times), ("cpu", self.cpu)):
+            for mode, values in table.items():
+                Path(self.out, f"{prefix}-{rank}-{mode}.txt").write_text("\n".join(f"{t:.7f}" for t in values))
 
 
 def _write(path: str, doc: dict[str, Any]) -> None:
@@ -805,10 +811,10 @@ def run_worker(args: argparse.Namespace) -> int:
             print(f"framework_jobs: rank {rank} step {step} at {time.time():.3f}", file=sys.stderr, flush=True)
         if ab is not None:
             ab.switch(step)
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         loss = job.step()
         if ab is not None:
-            ab.record(step, time.perf_counter() - began)
+            ab.record(step, time.perf_counter() - began, time.process_time() - cpu_began)
     took = time.perf_counter() - started
     if ab is not None:
         ab.write(rank)

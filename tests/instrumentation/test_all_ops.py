@@ -27,7 +27,9 @@ def traced_job(request: pytest.FixtureRequest) -> tuple[list, str]:
     sink = SpanSink()
     receiver = OtlpReceiver(sink, "127.0.0.1:0", None).start()
     try:
-        env = instrumented_env(receiver.grpc_port, MYCROFT_HEARTBEAT_INTERVAL="0.5", MYCROFT_JOB_ID="all-ops")
+        # MYCROFT_DDP_HOOK=1: every issuer with a span of its own (DDP's buckets are the Flight Recorder's by default)
+        env = instrumented_env(receiver.grpc_port, MYCROFT_HEARTBEAT_INTERVAL="0.5", MYCROFT_JOB_ID="all-ops",
+                               MYCROFT_DDP_HOOK="1")
         result = run_torchrun(JOB, WORLD, env)
         assert result.returncode == 0, result.stderr[-4000:]
         sink.wait_for(lambda spans: sum(1 for s in spans if s.kind == schema.KIND_HEARTBEAT

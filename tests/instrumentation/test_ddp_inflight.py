@@ -13,9 +13,13 @@ JOB = Path(__file__).parent / "jobs" / "ddp_late.py"
 
 
 @pytest.mark.slow
-def test_the_bucket_all_reduce_waits_in_flight_for_a_late_peer(otlp_sink: tuple) -> None:
+@pytest.mark.parametrize("hook", ["auto", "1"])
+def test_the_bucket_all_reduce_waits_in_flight_for_a_late_peer(otlp_sink: tuple, hook: str) -> None:
+    """By default (gloo too) the Flight Recorder's frontier sees the bucket; MYCROFT_DDP_HOOK=1 routes it
+    through Mycroft's comm hook. Either way it is in flight while the peer is late, and its span lasts."""
     sink, port = otlp_sink
-    result = run_torchrun(JOB, 2, instrumented_env(port, MYCROFT_JOB_ID="ddp-late", MYCROFT_HEARTBEAT_INTERVAL="0.25"))
+    result = run_torchrun(JOB, 2, instrumented_env(port, MYCROFT_JOB_ID="ddp-late", MYCROFT_HEARTBEAT_INTERVAL="0.25",
+                                                   MYCROFT_DDP_HOOK=hook))
     assert result.returncode == 0, result.stderr[-3000:]
     spans = sink.snapshot()
     ddp = "torch.nn.parallel.DistributedDataParallel"
@@ -24,7 +28,11 @@ def test_the_bucket_all_reduce_waits_in_flight_for_a_late_peer(otlp_sink: tuple)
                                strict=True) if op == schema.OP_ALL_REDUCE]
     assert ages and max(ages) >= 1.5, ages  # seen waiting, for seconds
     ops = [s for s in spans if s.kind == schema.KIND_COLLECTIVE]
-    waited = [s for s in ops if s.rank == 0 and s.attributes[schema.ATTR_API] == ddp and s.end_ns - s.start_ns >= 2.5e9]
+    # the hook's span is DDP's; the frontier's is the Flight Recorder's (issued in C++, seen in flight)
+    source = schema.SOURCE_PYTHON if hook == "1" else schema.SOURCE_FLIGHT_RECORDER
+    waited = [s for s in ops if s.rank == 0 and s.attributes[schema.ATTR_OP] == schema.OP_ALL_REDUCE
+              and s.attributes[schema.ATTR_SOURCE] == source and s.end_ns - s.start_ns >= 2.5e9]
+    assert all(s.attributes[schema.ATTR_API] == ddp for s in waited) or hook != "1"
     assert waited, "rank 0's bucket all-reduce of step 2 must last as long as rank 1 was late"
     broadcasts = {s.attributes[schema.ATTR_API] for s in ops if s.attributes[schema.ATTR_OP] == schema.OP_BROADCAST}
     assert "torch.distributed._broadcast_coalesced" in broadcasts  # DDP's buffer broadcast (BatchNorm)

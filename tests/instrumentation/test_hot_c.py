@@ -70,7 +70,7 @@ def _calls(spec: OpSpec, group: Any) -> list[tuple[tuple[Any, ...], dict[str, An
     if keyword:
         calls += [((t,), {keyword: group}), ((t,), {keyword: None})]
     if position >= 0:
-        calls.append((tuple([t] * position) + (group,), {}))
+        calls.append(((*[t] * position, group), {}))
     if spec.async_op[1]:
         calls += [((t,), {spec.async_op[1]: True}), ((t,), {spec.async_op[1]: 0})]
     if spec.reduce_op[1]:
@@ -131,7 +131,7 @@ def test_complete_takes_records_of_any_kind_and_queue_limits(world: Any) -> None
     for recorder in (fast, slow):
         begin = recorder.beginner(spec)
         records.append([begin((torch.ones(2), 0), {}) for _ in range(4)])
-    for mine, theirs in zip(*records):
+    for mine, theirs in zip(*records, strict=True):
         fast.complete(mine)
         slow.complete(theirs)
     assert _state(fast) == _state(slow) and fast.dropped == slow.dropped == 2 and len(fast.queue) == 2

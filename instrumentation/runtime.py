@@ -153,6 +153,9 @@ class Runtime:
         self._digests = SignatureDigests()  # what the RCA compares when op spans are sampled
         self._last_hb_ns = time.time_ns()
         self._stop = threading.Event()
+        # held by the runtime thread for each step: final() (a signal handler, atexit, uninstrument) waits
+        # for the step under way before draining; two drains at once raced in the digests and the budget
+        self._stepping = threading.RLock()
         self._final_sent = threading.Lock()
         self._final_done = False
         self._signal_after_final = 0  # a signal that arrived while a final flush was running
@@ -257,7 +260,9 @@ class Runtime:
         tick = min(0.05, self.config.heartbeat_interval_s / 4)
         while not self._stop.is_set():
             try:
-                self._step()
+                with self._stepping:
+                    if not self._stop.is_set():
+                        self._step()
             except Exception as exc:  # never die: count and keep going
                 self.recorder._note_error("runtime", exc)
             if self._wakeup_r is not None:
@@ -519,28 +524,38 @@ class Runtime:
                 return
             self._final_done = True
             self._stop.set()
-            with contextlib.suppress(Exception):  # what the device finished since the last poll
-                self.recorder.completion.poll()
-                if self._fr_ops or self.recorder.funcol_device:
-                    self._read_frontier()
-            self._drain_ops()
-            with contextlib.suppress(Exception):  # and what NCCL finished (held records go as they are)
-                self._native_next_try = 0.0
-                if self.config.native:  # also when the reader is not open yet: it opens in the drain
-                    native_flush(self.config.native_linger_s)
-                self._drain_native()
-                if self._native is not None:
-                    self.shipper.submit(self._native.release(force=True))
-            now = time.time_ns()
-            leftovers = [op_span(record, self.job_id, self.rank, end_ns=now)
-                         for record in self.recorder.snapshot_inflight()]
-            self.shipper.submit([*leftovers, self._heartbeat(now, final_reason=exit_reason)], urgent=True)
-            self.shipper.flush(timeout_s)
+            # the runtime thread's step under way ends first (not for ever: a thread stuck in a dump must
+            # not hold the last words back)
+            stepping = self._stepping.acquire(timeout=1.0)
+            try:
+                self._last_words(exit_reason, timeout_s)
+            finally:
+                if stepping:
+                    self._stepping.release()
         finally:
             self._final_sent.release()
         pending = self._signal_after_final
         if pending and threading.current_thread() is threading.main_thread():
             self._reraise(pending)
+
+    def _last_words(self, exit_reason: str, timeout_s: float) -> None:
+        with contextlib.suppress(Exception):  # what the device finished since the last poll
+            self.recorder.completion.poll()
+            if self._fr_ops or self.recorder.funcol_device:
+                self._read_frontier()
+        self._drain_ops()
+        with contextlib.suppress(Exception):  # and what NCCL finished (held records go as they are)
+            self._native_next_try = 0.0
+            if self.config.native:  # also when the reader is not open yet: it opens in the drain
+                native_flush(self.config.native_linger_s)
+            self._drain_native()
+            if self._native is not None:
+                self.shipper.submit(self._native.release(force=True))
+        now = time.time_ns()
+        leftovers = [op_span(record, self.job_id, self.rank, end_ns=now)
+                     for record in self.recorder.snapshot_inflight()]
+        self.shipper.submit([*leftovers, self._heartbeat(now, final_reason=exit_reason)], urgent=True)
+        self.shipper.flush(timeout_s)
 
     def _abort(self, directive: dict[str, Any]) -> None:
         """The RCA service's abort_job: one line naming the root cause, last words, groups aborted, exit."""

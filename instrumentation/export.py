@@ -90,7 +90,7 @@ class Shipper:
                  batch_size: int, delay_s: float, deliver: Any = None) -> None:
         self._exporter = exporter
         self._deliver = deliver  # alternative sink: a TracerProvider's span processor
-        self.resource = resource
+        self._resource = resource
         self._queue: collections.deque[SpanRecord] = collections.deque()
         self._max_queue = max_queue
         self._batch_size = batch_size
@@ -103,10 +103,27 @@ class Shipper:
         self.dropped_export_failed = 0
         self._logged: set[str] = set()
         # pre-encoded requests for exporters that take them (wire_exporters.py); the rest get ReadableSpans
-        self._wire = WireEncoder(resource.attributes, _SCOPE.name, _SCOPE.version or "", resource.schema_url) \
-            if callable(getattr(exporter, "export_wire", None)) else None
+        self._wire_capable = callable(getattr(exporter, "export_wire", None))
+        self._wire = self._encoder(resource)
         self._thread = threading.Thread(target=self._run, name="mycroft-export", daemon=True)
         self._thread.start()
+
+    @property
+    def resource(self) -> Resource:
+        return self._resource
+
+    @resource.setter
+    def resource(self, resource: Resource) -> None:
+        """The start-up reporter's shipper goes on under the runtime with the full resource: the
+        encoder, which holds the resource's bytes, is made again (one assignment: the export thread
+        reads either the old encoder or the new one)."""
+        self._wire = self._encoder(resource)
+        self._resource = resource
+
+    def _encoder(self, resource: Resource) -> WireEncoder | None:
+        if not self._wire_capable:
+            return None
+        return WireEncoder(resource.attributes, _SCOPE.name, _SCOPE.version or "", resource.schema_url)
 
     @property
     def dropped(self) -> int:
@@ -143,9 +160,10 @@ class Shipper:
             return
         if self._exporter is None:
             return
+        wire = self._wire  # once: the runtime may hand over a new resource meanwhile
         try:
-            if self._wire is not None:
-                result = self._exporter.export_wire(self._wire.request(batch), len(batch))  # type: ignore[attr-defined]
+            if wire is not None:
+                result = self._exporter.export_wire(wire.request(batch), len(batch))  # type: ignore[attr-defined]
             else:
                 result = self._exporter.export([to_readable_span(record, self.resource) for record in batch])
         except Exception as exc:

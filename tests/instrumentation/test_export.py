@@ -93,6 +93,31 @@ def test_spans_reach_a_real_receiver_with_their_resource(receiver: tuple[SpanSin
     assert shipper.exported == len(sent) and shipper.dropped == 0
 
 
+@pytest.mark.parametrize("kind", ["library-grpc", "wire-grpc"])
+def test_a_resource_handed_over_goes_with_the_next_spans(receiver: tuple[SpanSink, int, int], kind: str) -> None:
+    """The start-up reporter's shipper goes on under the runtime with the full resource (runtime.py):
+    the spans after the hand-over carry it, pre-encoded or not."""
+    sink, grpc_port, _ = receiver
+    exporter = (GrpcExporter if kind == "library-grpc" else WireGrpcExporter)(endpoint=f"127.0.0.1:{grpc_port}",
+                                                                              insecure=True)
+    shipper = Shipper(exporter, Resource.create({schema.RES_JOB_ID: "early"}), max_queue=100, batch_size=8,
+                      delay_s=0.05)
+    first, second = _spans(3), _spans(6)[3:]
+    try:
+        shipper.submit(first)
+        assert shipper.flush(10.0)
+        shipper.resource = RESOURCE
+        shipper.submit(second)
+        assert shipper.flush(10.0)
+        assert sink.wait_for(lambda got: len(got) >= 6, timeout=10)
+    finally:
+        shipper.shutdown()
+    jobs = {r.attributes[schema.ATTR_SEQ]: (r.resource.get(schema.RES_JOB_ID), r.resource.get(schema.RES_RANK))
+            for r in sink.snapshot()}
+    assert jobs == {1: ("early", None), 2: ("early", None), 3: ("early", None), 4: ("ship", 0), 5: ("ship", 0),
+                    6: ("ship", 0)}
+
+
 def test_the_wire_exporters_count_a_dead_collector_as_failed() -> None:
     closed = free_port()
     for exporter in (WireGrpcExporter(endpoint=f"127.0.0.1:{closed}", insecure=True, timeout=1),

@@ -92,14 +92,16 @@ def test_one_poller_per_host_relays_to_every_rank(tmp_path: Path) -> None:
     second._try_become_poller()
     assert first._thread is not None and second._thread is None  # the flock elects one
     deadline = time.time() + 10
-    got: list[Any] = []
-    while time.time() < deadline and len(got) < 2:
-        got = [w.check() for w in (first, second)]
-        got = [d for d in got if d]
+    got: dict[int, Any] = {}  # each watcher's directive, whenever it saw it: the poller thread may write
+    while time.time() < deadline and len(got) < 2:  # the relay file between the two checks of one round
+        for index, watcher in enumerate((first, second)):
+            directive = watcher.check()
+            if directive:
+                got[index] = directive
         time.sleep(0.05)
     first.stop()
     second.stop()
-    assert [d["incident"] for d in got] == ["i1", "i1"]
+    assert [got[index]["incident"] for index in sorted(got)] == ["i1", "i1"]
     assert "after=0" in asked[0] and "job=j" in asked[0] and "wait=30" in asked[0]
     assert "after=3" not in asked[0] and first._after == 3
 

@@ -45,11 +45,13 @@ def test_blocked_rank_is_in_flight_for_others_and_reports_its_stack(otlp_sink: t
         at = beat.attributes[schema.ATTR_HB_GROUP_IDS].index(group)
         assert beat.attributes[schema.ATTR_HB_GROUP_ISSUED][at] == 4
         assert beat.attributes[schema.ATTR_HB_GROUP_COMPLETED][at] == 3
-    blocked = [b for b in _beats(spans, 2)
+    stacked = [b for b in _beats(spans, 2)
                if b.attributes.get(schema.ATTR_HB_STACK) and not b.attributes.get(schema.ATTR_HB_FINAL)]
-    assert blocked, "the blocked rank never reported a stack"
+    # the beats taken while it slept (one taken as it woke may show the all_reduce it went on to)
+    blocked = [b for b in stacked if "wait_here_on_purpose" in str(b.attributes[schema.ATTR_HB_STACK])]
+    assert blocked, f"the blocked rank never reported a stack: {[b.attributes[schema.ATTR_HB_STACK] for b in stacked]}"
     stack = str(blocked[-1].attributes[schema.ATTR_HB_STACK])
-    assert "wait_here_on_purpose" in stack and "blocking.py" in stack
+    assert "blocking.py" in stack
     assert blocked[-1].attributes[schema.ATTR_HB_INFLIGHT_SEQS] == []
     assert float(blocked[-1].attributes[schema.ATTR_HB_IDLE_S]) > 0.5
     issued = blocked[-1].attributes[schema.ATTR_HB_GROUP_ISSUED]

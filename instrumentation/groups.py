@@ -89,10 +89,20 @@ class GroupInfo:
         return self.own_counter
 
     def next_collective_seq(self) -> int:
-        """The seq the collective about to be issued will get (call just before issuing)."""
-        seq = self.counter() - self.p2p_counter_delta + 1
-        if not self.has_counter:
-            self.own_counter += 1
+        """The seq the collective about to be issued will get (call just before issuing).
+
+        Once per collective on the training thread: torch's counter is read here directly (what
+        `counter` does, without its second call and int()).
+        """
+        if self.has_counter:
+            try:
+                seq = self.seq_of(self.deref()) - self.p2p_counter_delta + 1  # type: ignore[misc]
+                self.issued = seq
+                return seq
+            except Exception:  # no counter on this backend (None, or no such method)
+                self.has_counter = False
+        seq = self.own_counter - self.p2p_counter_delta + 1
+        self.own_counter += 1
         self.issued = seq
         return seq
 

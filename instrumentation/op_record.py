@@ -18,31 +18,41 @@ _PYTHON = schema.SOURCE_PYTHON
 
 
 class OpRecord:
-    """One collective / p2p op on this rank. Mutated only until it is queued."""
+    """One collective / p2p op on this rank. Mutated only until it is queued.
+
+    Built once per op on the training thread, so built cheaply: the fields every op sets are
+    slots, written by __init__; the fields only some ops set (p2p peers, a root, an error, a
+    non-exact timing, an async op's call end) are class-level defaults, and setting one gives
+    that record its own value (in a `__dict__` made only then). Reads are the same either way.
+    A record with all 21 fields written in __init__ cost ~1.1 us next to a gloo all_reduce, one
+    with the 12 per-op ones ~0.7 us.
+    """
 
     __slots__ = (
+        "__dict__",
         "api",
         "async_op",
         "bytes",
-        "call_end_ns",
         "device",
-        "dst",
         "dtype",
         "end_ns",
-        "error",
         "group",
-        "key",
         "op",
-        "peer",
         "reduce_op",
-        "root",
         "seq",
-        "source",
-        "src",
         "start_ns",
         "state",
-        "timing",
     )
+
+    call_end_ns: int = 0  # when the issuing call returned (device-async backends: enqueue)
+    peer: int = -1
+    src: int = -1
+    dst: int = -1
+    root: int = -1
+    error: str = ""
+    timing: str = _EXACT
+    source: str = _PYTHON
+    key: int = 0  # p2p: torch's counter before the op (how far the op moved it)
 
     def __init__(self, api: str, op: str, group: GroupInfo, seq: int, start_ns: int, nbytes: int = 0,
                  dtype: Any = None, reduce_op: Any = None, async_op: bool = False) -> None:
@@ -52,18 +62,9 @@ class OpRecord:
         self.seq = seq
         self.start_ns = start_ns
         self.end_ns = 0
-        self.call_end_ns = 0  # when the issuing call returned (device-async backends: enqueue)
         self.device = group.device_async  # completes on the device, after the call
         self.bytes = nbytes
         self.dtype = dtype  # torch.dtype, named off the hot path
-        self.peer = -1
-        self.src = -1
-        self.dst = -1
-        self.root = -1
         self.reduce_op = reduce_op  # torch ReduceOp / str, named off the hot path
         self.async_op = async_op
         self.state = _IN_FLIGHT
-        self.error = ""
-        self.timing = _EXACT
-        self.source = _PYTHON
-        self.key = 0

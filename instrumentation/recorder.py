@@ -11,12 +11,10 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from mycroft.instrumentation.completion import CompletionTracker
@@ -28,18 +26,6 @@ from mycroft import schema
 
 log = logging.getLogger("mycroft.instrumentation")
 
-_hot: ModuleType | None
-try:  # the compiled begin / complete (instrumentation/_hot.c, built by `pip install`; optional)
-    from . import _hot as _built
-
-    _built.configure(OpRecord, schema.STATE_IN_FLIGHT, schema.STATE_COMPLETED, schema.TIMING_EXACT,
-                     schema.SOURCE_PYTHON, frozenset(schema.P2P_OPS))
-    _hot = _built
-except Exception:  # not built here, or built against another OpRecord: the Python definitions run
-    _hot = None
-# "c": the compiled begin / complete. Off by default: with it, 3 of ~27 ZBV pipelining blocks in the framework
-# matrix raised no incident, against 0 of 12 on the Python path and in earlier rounds; not yet explained
-ENV_HOT_PATH = "MYCROFT_HOT_PATH"
 
 _now_ns = time.time_ns
 _P2P_OPS = schema.P2P_OPS
@@ -105,19 +91,10 @@ def payload_info(value: Any) -> tuple[int, Any]:
         return 0, None
 
 
-def _root_setter(spec: OpSpec) -> Callable[[OpRecord, GroupInfo, tuple[Any, ...], Any], None]:
-    """Recorder._root_field for one spec, as the compiled begin calls it (kwargs may be None)."""
-    def set_root(record: OpRecord, info: GroupInfo, args: tuple[Any, ...], kwargs: Any) -> None:
-        Recorder._root_field(record, spec, info, args, kwargs or {})
-
-    return set_root
-
-
 class Recorder:
     """Per-process recording state shared by every wrapper."""
 
-    def __init__(self, queue_size: int, completion_poll_s: float = 0.001, max_pending_works: int = 1024,
-                 compiled: bool | None = None) -> None:
+    def __init__(self, queue_size: int, completion_poll_s: float = 0.001, max_pending_works: int = 1024) -> None:
         self.groups = GroupRegistry()
         self.queue: collections.deque[OpRecord] = collections.deque()
         self.queue_size = queue_size
@@ -145,13 +122,6 @@ class Recorder:
         self.comm_since_ns = 0  # when the in-flight set last became non-empty
         self.ops_done = 0
         self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
-        # the compiled begin / complete where built and asked for (compiled=None: MYCROFT_HOT_PATH=c)
-        if compiled is None:
-            compiled = os.environ.get(ENV_HOT_PATH, "").strip().lower() == "c"
-        self.compiled = bool(compiled and _hot is not None)
-        if self.compiled:
-            assert _hot is not None
-            self.complete = _hot.Completer(self, Recorder.complete)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:
@@ -189,8 +159,7 @@ class Recorder:
         constants; per call, arguments are read by position inline (`arg` is a call each), the
         group's info from the registry's dict without a call, the payload by `Tensor.nbytes` (one
         C call; odd payloads go through payload_info), the seq from torch's counter
-        (`GroupInfo.next_collective_seq`), the record built in one constructor call. Where the
-        compiled module is built and MYCROFT_HOT_PATH=c, collectives' begin is its C copy of these steps (_hot.c).
+        (`GroupInfo.next_collective_seq`), the record built in one constructor call.
         """
         # a keyword-only argument gets a position no call reaches: `n_args > pos` is then the one test
         g_pos, g_key = _position(spec.group)
@@ -205,12 +174,6 @@ class Recorder:
         has_root = bool(spec.root[1])
         groups = self.groups
         inflight = self.inflight
-        if self.compiled and not is_p2p:  # the same steps in C (_hot.c); p2p ops keep the Python ones
-            assert _hot is not None
-            return _hot.Beginner(
-                self, name, op, spec.api, g_pos, g_key, p_pos, p_key, has_payload, r_key, r_pos, a_key, a_pos,
-                always_async, track, payload_info, _root_setter(spec) if has_root else None)
-
         def begin(args: tuple[Any, ...], kwargs: dict[str, Any], group: Any = None) -> OpRecord | None:
             try:
                 n_args = len(args)
@@ -377,13 +340,37 @@ class Recorder:
         self.complete(record, state=schema.STATE_TIMEOUT if timeout else schema.STATE_ERROR)
         self.failures_pending = True
 
+    def finish(self, record: OpRecord) -> None:
+        """A collective whose call returned is done: `complete` for the one case every sync collective
+        on a host-synchronous group (gloo) is, on the training thread, without what that case never needs
+        (a record done already, a state or timing other than completed / exact, a p2p op)."""
+        end = record.end_ns = _now_ns()
+        record.state = _COMPLETED
+        group = record.group
+        if record.seq > group.completed:
+            group.completed = record.seq
+        inflight = self.inflight
+        if inflight.pop(record, None) is not None:
+            self.ops_done += 1
+            if not inflight:
+                busy = end - self.comm_since_ns
+                if busy > 0:
+                    self.comm_ns += busy
+        self.last_activity_ns = end
+        queue = self.queue
+        if len(queue) < self.queue_size:
+            queue.append(record)
+        else:
+            self._push(record)
+
     def complete(self, record: OpRecord, state: str = _COMPLETED, timing: str = _EXACT) -> None:
         """Mark done (safe from any thread: dict/deque ops are atomic under the GIL)."""
         if record.end_ns:
             return
         end = record.end_ns = _now_ns()
         record.state = state
-        record.timing = timing
+        if timing is not record.timing:  # most ops keep the class default: no per-record value made
+            record.timing = timing
         group = record.group
         if record.seq > group.completed and state == _COMPLETED and record.op not in _P2P_OPS:
             group.completed = record.seq

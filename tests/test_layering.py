@@ -35,7 +35,7 @@ def module_files() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for package, folder in PACKAGE_DIRS.items():
         root = REPO / folder
-        # a compiled module (_hot, _fold_fast, _otlp_fast) is a module too: its type stub stands for it
+        # a compiled module (_fold_fast, _otlp_fast) is a module too: its type stub stands for it
         for path in [*root.rglob("*.py"), *(p for p in root.rglob("*.pyi") if not p.with_suffix(".py").exists())]:
             parts = path.relative_to(root).with_suffix("").parts
             if package == "mycroft" and len(parts) > 1:

@@ -24,6 +24,8 @@ setup() {
     # real training libraries the tests run (tests/instrumentation/test_libraries.py), held to the
     # pinned torch; DeepSpeed and torchtitan run there too where installed (examples/frameworks/README.md)
     .venv/bin/python -m pip install -q -c <(echo "$TORCH_PIN") accelerate==1.16.0 megatron-core==0.16.1
+    # Ray: the launcher tests run real Ray actors (tests/instrumentation/test_launchers.py)
+    .venv/bin/python -m pip install -q -c <(echo "$TORCH_PIN") ray==2.60.0
     echo "$want" > "$stamp"
   fi
   # native NCCL profiler plugin (C): rebuilt only when its sources change (make), or built

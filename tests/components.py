@@ -64,6 +64,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
     Component("slurm", _slurm,
               "run the tests as root, with apt-get install slurm-wlm munge (./dev.sh setup does it as root)"),
     Component("pandas", _module("pandas"), "pip install -e '.[analysis]' (./dev.sh setup does it)"),
+    Component("ray", _module("ray"), "pip install ray==2.60.0 (./dev.sh setup does it)"),
 )}
 
 

@@ -25,6 +25,9 @@ Frameworks, and what issues their collectives:
   reduction: gloo has no ReduceOp.AVG)
 - fsdp2_hsdp: fully_shard on a 2x2 (replicate, shard) mesh: + the replicate all_reduce
 - fsdp2_prefetch: fsdp2 with explicit forward / backward prefetch (async all-gathers)
+- fsdp1: FullyShardedDataParallel (the FSDP1 API, still what many trainers wrap with), one unit
+  per Linear on the CPU (`device_id=cpu`): its Python `_all_gather_base` / `_reduce_scatter_base`
+  calls (all_gather_into_tensor / reduce_scatter_tensor), with forward / backward prefetch
 - tp_eager: DTensor parallelize_module, ColwiseParallel + RowwiseParallel, 1-D "tp" mesh (funcol)
 - tp_compiled: tp_eager under torch.compile (`--compile-backend`, default aot_eager)
 - compile_fullgraph: torch.compile(fullgraph=True): a funcol all_reduce in forward, an
@@ -276,6 +279,22 @@ class Fsdp2(Framework):
                     layer.set_modules_to_forward_prefetch([self.layers[i + 1]])
                 if i > 0:
                     layer.set_modules_to_backward_prefetch([self.layers[i - 1]])
+        self.opt = self.torch.optim.SGD(self.model.parameters(), lr=0.05)
+
+    def step(self) -> float:
+        x, y = self.ctx.batch()
+        return self._train(lambda: self.torch.nn.functional.mse_loss(self.model(x), y))
+
+
+class Fsdp1(Framework):
+    def setup(self) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        nn = self.torch.nn
+        model = nn.Sequential(nn.Linear(DIM, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+        self.model = FullyShardedDataParallel(model, device_id=self.torch.device("cpu"), use_orig_params=True,
+                                              auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
         self.opt = self.torch.optim.SGD(self.model.parameters(), lr=0.05)
 
     def step(self) -> float:
@@ -702,7 +721,7 @@ class Startup(Ddp):
 
 FRAMEWORKS: dict[str, type[Framework]] = {
     "ddp": Ddp, "ddp_unused": DdpUnused,
-    "fsdp2": Fsdp2, "fsdp2_hsdp": Fsdp2Hsdp, "fsdp2_prefetch": Fsdp2Prefetch,
+    "fsdp1": Fsdp1, "fsdp2": Fsdp2, "fsdp2_hsdp": Fsdp2Hsdp, "fsdp2_prefetch": Fsdp2Prefetch,
     "tp_eager": TpEager, "tp_compiled": TpCompiled, "compile_fullgraph": CompileFullgraph,
     "pipe_gpipe": PipeGpipe, "pipe_1f1b": Pipe1f1b, "pipe_interleaved": PipeInterleaved, "pipe_zbv": PipeZbv,
     "megatron_coalescing": MegatronCoalescing, "deepspeed_coalesced": DeepspeedCoalesced,

@@ -32,6 +32,7 @@ def rca() -> Iterator[Any]:
 @pytest.mark.parametrize("framework,rank,step,point", [
     ("ddp", 1, 4, "between_fwd_bwd"),           # peers in DDP's bucket all-reduce (C++ reducer)
     ("fsdp2", 2, 4, "before_forward"),          # peers in FSDP2's all-gather of the first layer
+    ("fsdp1", 3, 4, "between_fwd_bwd"),         # peers in FSDP1's backward all-gather / reduce-scatter
     ("tp_eager", 3, 4, "before_step"),          # peers in the RowwiseParallel all_reduce (funcol, DTensor)
     ("compile_fullgraph", 1, 4, "between_fwd_bwd"),  # peers in the compiled backward's reduce_scatter
     ("pipe_1f1b", 2, 4, "between_fwd_bwd"),     # in its first backward: neighbours in pipelining's p2p

@@ -1,14 +1,16 @@
 """Every launcher, zero-code where the launcher allows it: a rank blocks, the RCA names it.
 
 torchrun's module form, torch.multiprocessing.spawn with env://, the one-line in-code start (no
-opentelemetry-instrument: Ray actors, RL trainers), and srun under a real single-node SLURM
-without torchrun (the job id comes from SLURM_JOB_ID).
+opentelemetry-instrument: Ray actors, RL trainers), real Ray actors (a local Ray instance; with the
+in-code start, and with only the driver under opentelemetry-instrument), and srun under a real
+single-node SLURM without torchrun (the job id comes from SLURM_JOB_ID).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,6 +82,29 @@ def test_a_blocked_rank_is_named_whatever_launched_the_job(launcher: str) -> Non
             command = [python, str(JOB), "--spawn", str(NPROC), "--in-code"]
         found = _named(rca, command, env, onset)
     assert found["incident"]["root_causes"][0]["kind"] == "not_entered"
+
+
+@pytest.mark.requires("ray")
+@pytest.mark.parametrize("start", ["in-code", "driver-instrumented"])
+def test_a_blocked_rank_among_ray_actors_is_named(start: str) -> None:
+    """Each actor joins the gloo group itself, in a process Ray's raylet started."""
+    ray_dir = tempfile.mkdtemp(prefix="mycroft-ray-")
+    onset = os.path.join(ray_dir, "onset.json")
+    try:
+        with local_rca() as rca:
+            # a later step than the other launchers: Ray's actor processes join seconds apart, and
+            # their first steps wait on the last one (a real wait the RCA reports, before the fault)
+            env = _env(rca, onset, LAUNCH_RAY_DIR=ray_dir, RAY_USAGE_STATS_ENABLED="0", LAUNCH_BLOCK_STEP="40")
+            command = [str(BIN / "python"), str(JOB), "--ray", str(NPROC)]
+            if start == "in-code":
+                command.append("--in-code")
+            else:
+                command.insert(0, str(BIN / "opentelemetry-instrument"))
+            found = _named(rca, command, env, onset)
+        assert found["incident"]["root_causes"][0]["kind"] == "not_entered"
+    finally:  # Ray's own daemons (gcs, raylet, workers) left their session; they name its directory
+        subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_srun_without_torchrun_under_real_slurm(slurm_cluster: Any) -> None:  # noqa: F811

@@ -3,6 +3,7 @@
     torchrun ... launch_job.py                 ranks from torchrun's environment
     srun -n 4 python launch_job.py             ranks from SLURM_PROCID / SLURM_NTASKS (no torchrun)
     python launch_job.py --spawn 4             torch.multiprocessing.spawn, env:// init
+    python launch_job.py --ray 4               4 Ray actors (a local Ray instance), env:// init
     ... --in-code                              mycroft.instrumentation.start() (no opentelemetry-instrument)
 Environment: LAUNCH_BLOCK_RANK, LAUNCH_BLOCK_STEP, LAUNCH_STEPS, LAUNCH_ONSET_FILE.
 """
@@ -43,8 +44,33 @@ def worker(rank: int, world: int, in_code: bool) -> None:
     dist.destroy_process_group()
 
 
+def ray_main(world: int, in_code: bool) -> None:
+    """Ray actors as RL trainers use them: each actor process joins one gloo group itself.
+
+    The actors' processes are Ray's workers (started by its raylet, not by this script), so
+    `opentelemetry-instrument` reaches them only through the environment they inherit.
+    """
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def run(self, rank: int) -> None:
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+            worker(rank, world, in_code)
+
+    ray.init(num_cpus=world, include_dashboard=False, _temp_dir=os.environ.get("LAUNCH_RAY_DIR") or None)
+    try:
+        actors = [Trainer.remote() for _ in range(world)]  # type: ignore[attr-defined]
+        ray.get([actor.run.remote(rank) for rank, actor in enumerate(actors)])
+    finally:
+        ray.shutdown()
+
+
 def main() -> None:
     in_code = "--in-code" in sys.argv
+    if "--ray" in sys.argv:
+        ray_main(int(sys.argv[sys.argv.index("--ray") + 1]), in_code)
+        return
     if "--spawn" in sys.argv:
         import torch.multiprocessing as mp
 

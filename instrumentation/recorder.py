@@ -412,8 +412,22 @@ class Recorder:
         """Functional collectives complete when their tensor is waited on (funcol.wait_tensor)."""
         self.track_issued(record)
         record.call_end_ns = record.start_ns
-        elem = getattr(result, "elem", result)
-        self.funcol_pending[id(elem)] = record
+        key = id(getattr(result, "elem", result))
+        earlier = self.funcol_pending.get(key)
+        if earlier is not None:
+            self._tensor_gone(earlier)
+        self.funcol_pending[key] = record
+
+    def _tensor_gone(self, record: OpRecord) -> None:
+        """A new op's tensor took the id of this op's tensor, so that tensor is gone: it was waited where
+        we do not see it (DTensor waits on the AsyncCollectiveTensor's inner tensor through torch.ops;
+        compiled code) and the op is done on a host-synchronous group. Keyed by id, it would be lost
+        from funcol_pending yet stay in flight for ever: the rank never reads as idle again, which
+        hid a hung rank's pause (8-rank tp_eager), and its comm time never stops."""
+        if record.device:
+            self.funcol_device.append(record)  # NCCL: the device says when (poll_pending)
+        else:
+            self.complete(record, timing=schema.TIMING_INFERRED)
 
     def tensor_waited(self, tensor: Any) -> None:
         record = self.funcol_pending.pop(id(tensor), None)

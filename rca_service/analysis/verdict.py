@@ -396,11 +396,13 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
         assert rc.rank is not None
         rank = job.ranks[rc.rank]
         idle = rank.idle_at(now)
-        if idle <= 0.0 and rank.inflight:
+        if (idle <= 0.0 and rank.inflight) or (rank.idle_s == 0.0 and not rank.inflight and not rank.posted_only):
             # not entered, yet its heartbeat lists ops in flight: ops its peers finished (waited in C++, the
-            # rank never saw them end), so it reads as busy forever; how long the others have waited on it
-            # is how long it has been out
-            idle = waited_s
+            # rank never saw them end), so it reads as busy forever; or it reported idle 0 for ops its own
+            # frontier says are done (dropped from rank.inflight: a record its instrumentation lost track
+            # of), so its idle restarts at every heartbeat. How long the others have waited on it is how
+            # long it has been out
+            idle = max(idle, waited_s)
         compiling = rank.phase == schema.PHASE_COMPILING
         if not compiling and not rank.stack.strip() and idle < cfg.stack_wait_s + rank.hb_interval:
             pending.append(rc.rank)

@@ -107,3 +107,19 @@ def test_ddp_bucket_error_of_ours_never_reaches_ddp() -> None:
     fut.set_result([t])
     assert then.wait() is t
     assert recorder.errors == 1
+
+
+def test_a_funcol_op_whose_tensor_is_gone_leaves_the_flight() -> None:
+    """Tensors' ids are reused: an op whose tensor died unwaited (as far as we saw) is done when the
+    next op's tensor takes its id, not in flight for ever under a key another op now holds."""
+    recorder = _recorder()
+    begin = recorder.beginner(ALL_REDUCE, "torch.distributed._functional_collectives.all_reduce", track=False)
+    t = torch.ones(4)
+    first, second = begin((t,), {}), begin((t,), {})
+    assert first is not None and second is not None
+    recorder.watch_tensor(first, t)
+    recorder.watch_tensor(second, t)  # the same id: the first op's tensor is gone
+    assert first.end_ns and first.state == schema.STATE_COMPLETED and first.timing == schema.TIMING_INFERRED
+    assert list(recorder.inflight) == [second] and recorder.funcol_pending == {id(t): second}
+    recorder.tensor_waited(t)
+    assert not recorder.inflight and second.timing == schema.TIMING_EXACT

@@ -253,3 +253,21 @@ def test_a_holder_that_reads_busy_pages_once_its_peers_waited_long_enough() -> N
     # its stack in a checkpoint: a normal pause, not a page
     paused = analyze_job(_held_by_a_rank_with_a_stale_op(t, 3.0, CHECKPOINT_STACK), t + 0.05, CFG)
     assert paused and paused[0].severity == "info", paused[0].severity_reason
+
+
+def test_a_holder_whose_idle_reads_0_for_ops_it_completed_pages_too() -> None:
+    """8-rank tp_eager: funcol records the instrumentation lost track of stayed in the blocked rank's
+    heartbeat (seqs its own frontier had completed), so it reported idle 0 and its idle restarted at
+    every heartbeat: "outside communication for less than 2 s" for ever, never a page."""
+    t = 500.0
+    jobs: dict[str, JobState] = {}
+    g = Group("tp", (0, 1, 2, 3))
+    hb = [heartbeat("job", r, 4, t, 1, [g], [8], [7], [InFlightOp(g, 8, age_s=3.0)]) for r in (0, 2, 3)]
+    hb.append(heartbeat("job", 1, 4, t, 1, [g], [7], [7], [InFlightOp(g, 3, age_s=30.0), InFlightOp(g, 5, age_s=20.0)],
+                        idle_s=0.0, stack=USER_STACK))
+    apply_records(jobs, hb, t, CFG)
+    job = jobs["job"]
+    assert not job.ranks[1].inflight and job.ranks[1].idle_s == 0.0  # the stale ops are known done
+    held = analyze_job(job, t + 0.05, CFG)
+    assert held and held[0].root_causes[0].rank == 1, held
+    assert held[0].severity == "critical", held[0].severity_reason

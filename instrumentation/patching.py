@@ -143,7 +143,7 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
     per_thread = recorder.per_thread
     compiling = compiling_check()
     begin = recorder.beginner(spec, api)
-    finish = recorder.finish
+    complete = recorder.complete
     issued = recorder.issued
     sync_done = not spec.is_p2p  # a sync collective on a host-synchronous group is done at return
     issues_many = spec.issues_many
@@ -172,7 +172,7 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
         finally:
             depth.value -= 1
         if sync_done and not record.async_op:
-            finish(record)
+            complete(record)
             if issues_many:
                 recorder.complete_through_call(record)
         else:

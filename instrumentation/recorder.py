@@ -340,29 +340,6 @@ class Recorder:
         self.complete(record, state=schema.STATE_TIMEOUT if timeout else schema.STATE_ERROR)
         self.failures_pending = True
 
-    def finish(self, record: OpRecord) -> None:
-        """A collective whose call returned is done: `complete` for the one case every sync collective
-        on a host-synchronous group (gloo) is, on the training thread, without what that case never needs
-        (a record done already, a state or timing other than completed / exact, a p2p op)."""
-        end = record.end_ns = _now_ns()
-        record.state = _COMPLETED
-        group = record.group
-        if record.seq > group.completed:
-            group.completed = record.seq
-        inflight = self.inflight
-        if inflight.pop(record, None) is not None:
-            self.ops_done += 1
-            if not inflight:
-                busy = end - self.comm_since_ns
-                if busy > 0:
-                    self.comm_ns += busy
-        self.last_activity_ns = end
-        queue = self.queue
-        if len(queue) < self.queue_size:
-            queue.append(record)
-        else:
-            self._push(record)
-
     def complete(self, record: OpRecord, state: str = _COMPLETED, timing: str = _EXACT) -> None:
         """Mark done (safe from any thread: dict/deque ops are atomic under the GIL)."""
         if record.end_ns:

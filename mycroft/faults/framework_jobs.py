@@ -27,7 +27,7 @@ Frameworks, and what issues their collectives:
 - fsdp2_prefetch: fsdp2 with explicit forward / backward prefetch (async all-gathers)
 - fsdp1: FullyShardedDataParallel (the FSDP1 API, still what many trainers wrap with), one unit
   per Linear on the CPU (`device_id=cpu`): its Python `_all_gather_base` / `_reduce_scatter_base`
-  calls (all_gather_into_tensor / reduce_scatter_tensor), with forward / backward prefetch
+  calls (all_gather_into_tensor / reduce_scatter_tensor), with FSDP1's default backward prefetch
 - tp_eager: DTensor parallelize_module, ColwiseParallel + RowwiseParallel, 1-D "tp" mesh (funcol)
 - tp_compiled: tp_eager under torch.compile (`--compile-backend`, default aot_eager)
 - compile_fullgraph: torch.compile(fullgraph=True): a funcol all_reduce in forward, an
@@ -177,7 +177,9 @@ class Framework:
         raise NotImplementedError
 
     def step(self) -> float:
-        raise NotImplementedError
+        """One step of `self.model` on a batch, mean squared error (what FSDP1 / FSDP2 do; others override)."""
+        x, y = self.ctx.batch()
+        return self._train(lambda: self.torch.nn.functional.mse_loss(self.model(x), y))
 
     def rewrap(self) -> None:
         """The instrumentation was switched on or off (--ab-block): redo what it hooks at construction."""
@@ -281,10 +283,6 @@ class Fsdp2(Framework):
                     layer.set_modules_to_backward_prefetch([self.layers[i - 1]])
         self.opt = self.torch.optim.SGD(self.model.parameters(), lr=0.05)
 
-    def step(self) -> float:
-        x, y = self.ctx.batch()
-        return self._train(lambda: self.torch.nn.functional.mse_loss(self.model(x), y))
-
 
 class Fsdp1(Framework):
     def setup(self) -> None:
@@ -296,10 +294,6 @@ class Fsdp1(Framework):
         self.model = FullyShardedDataParallel(model, device_id=self.torch.device("cpu"), use_orig_params=True,
                                               auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
         self.opt = self.torch.optim.SGD(self.model.parameters(), lr=0.05)
-
-    def step(self) -> float:
-        x, y = self.ctx.batch()
-        return self._train(lambda: self.torch.nn.functional.mse_loss(self.model(x), y))
 
 
 class Fsdp2Hsdp(Fsdp2):

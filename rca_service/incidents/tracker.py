@@ -147,7 +147,8 @@ class IncidentTracker:
 
     One causal story: the first root cause of an incident stands. When the ranks it named
     are later killed or told to exit (the operator's or torchrun's teardown, a peer aborted
-    by the library), that is recorded as a consequence, not as a new root cause; and an
+    by the library), that is recorded as a consequence, not as a new root cause (unless the
+    story had not paged yet and its rank is now lost while its peers wait: a crash); and an
     incident that fires while an earlier critical one of the same job is open (or just
     resolved) and names only lost / exited ranks is marked as its consequence, at info.
     """
@@ -218,7 +219,12 @@ class IncidentTracker:
         changed = False
         if causes and old and _cause_signature(causes) != _cause_signature(old):
             old_ranks = {c.get("rank") for c in old}
-            if all(c.get("kind") in _FIRST_CAUSES for c in old) and all(c.get("kind") in _AFTERMATH for c in causes):
+            # a story that has not paged yet (a holder whose stack is on the way) whose rank then dies
+            # while its peers still wait: the crash is the story (SIGKILL right after a heartbeat)
+            died_before_paging = current.severity != CRITICAL and finding.severity == CRITICAL and \
+                all(c.get("kind") == RC_PROCESS_LOST for c in causes)
+            if all(c.get("kind") in _FIRST_CAUSES for c in old) and all(c.get("kind") in _AFTERMATH for c in causes) \
+                    and not died_before_paging:
                 # teardown after the fact: the first cause stands; what happened next is recorded
                 known = {(c.get("rank"), c.get("kind")) for c in current.consequences}
                 fresh = [c for c in causes if (c.get("rank"), c.get("kind")) not in known]

@@ -441,3 +441,23 @@ def test_compiling_and_lazy_imports_of_the_first_steps_are_pauses_not_hangs() ->
     assert match_phase(f"{SITE}/_dynamo/eval_frame.py:1446 in _fn\n" + HANG_STACK, phases) is None
     assert match_phase("<frozen importlib._bootstrap>:690 in _load_unlocked\n/work/mydata.py:3 in <module>",
                        phases) is None
+
+
+def test_a_holder_that_dies_before_its_hang_pages_turns_the_warning_critical() -> None:
+    """SIGKILL right after a heartbeat: the peers wait, the RCA names the rank not entered while its stack
+    is on the way (warning), and only later reads it as lost. The crash is the story, and it pages; the
+    first-cause rule is for a teardown after a page (test_teardown_after_a_hang_is_...), not for this."""
+    engine, job = _healthy()
+    events = _hold(engine, job, 1.5, holder=3, stack="")
+    fired = [e.incident for e in events if e.action == "fired"]
+    assert fired and fired[0].root_causes[0]["kind"] == "not_entered" and fired[0].severity != "critical", fired
+    t = job.now
+    while t <= job.now + 5:
+        engine.ingest(job.heartbeats(t, not_entered=[3], silent=[3], stack=""), t)
+        events.extend(engine.step(t))
+        t += 0.25
+    hang = engine.tracker.active[fired[0].key]
+    assert hang.severity == "critical", (hang.severity, hang.severity_reason)
+    assert (hang.root_causes[0]["rank"], hang.root_causes[0]["kind"]) == (3, "process_lost")
+    others = [e for e in events if e.action == "fired" and e.incident.id != hang.id]
+    assert not [e for e in others if e.incident.severity == "critical"], others

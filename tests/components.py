@@ -65,6 +65,13 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
               "run the tests as root, with apt-get install slurm-wlm munge (./dev.sh setup does it as root)"),
     Component("pandas", _module("pandas"), "pip install -e '.[analysis]' (./dev.sh setup does it)"),
     Component("ray", _module("ray"), "pip install ray==2.60.0 (./dev.sh setup does it)"),
+    *(Component(module, _module(module), f"{how} (./dev.sh setup does it; examples/frameworks/README.md)")
+      for module, how in (
+          ("accelerate", "pip install -c <(echo torch==2.13.0) accelerate==1.16.0"),
+          ("megatron.core", "pip install -c <(echo torch==2.13.0) megatron-core==0.16.1"),
+          ("deepspeed", "DS_BUILD_OPS=0 pip install --no-build-isolation -c <(echo torch==2.13.0) deepspeed==0.19.8"),
+          ("torchtitan", "pip install --no-deps torchtitan==0.3.0 && pip install spmd_types==0.2.3 tyro==1.0.17 "
+                         "triton==3.9.0"))),
 )}
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mycroft.instrumentation import ddp_wait
 from mycroft.instrumentation.compile_phase import WATCH as COMPILE_WATCH
 from mycroft.instrumentation.flight_recorder import dump_functions
 from mycroft.instrumentation.ops import (
@@ -473,6 +474,9 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
         try:
             import torch.distributed as dist
 
+            if mode is False:  # MYCROFT_DDP_HOOK=0: DDP's own all-reduce, its end-of-backward wait timed
+                self._mycroft_wait_probe = ddp_wait.attach(recorder, self)
+                return
             if mode is None:  # auto: no Python hook where the Flight Recorder's frontier sees the all-reduce
                 info = recorder.groups.resolve(self.process_group)
                 if info is not None and (info.device_async or dump_functions()):
@@ -482,6 +486,7 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
                     log.info("mycroft: DDP on %s keeps its built-in all-reduce; the Flight Recorder's "
                              "frontier covers it (MYCROFT_DDP_HOOK=1 routes it through the tracer, with a "
                              "span per bucket)", info.backend)
+                    self._mycroft_wait_probe = ddp_wait.attach(recorder, self)
                     return
 
             state = _DdpHookState(self.process_group, recorder)
@@ -613,9 +618,9 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
     except Exception as exc:  # older torch without functional collectives
         log.info("mycroft: functional collectives not traced (%r)", exc)
 
-    if ddp_hook is not False:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-        patcher.replace(DDP, "__init__", functools.partial(_ddp_init_wrapper, recorder, mode=ddp_hook))
+    patcher.replace(DDP, "__init__", functools.partial(_ddp_init_wrapper, recorder, mode=ddp_hook))
+    if ddp_hook is not False:
         patcher.replace(DDP, "register_comm_hook", _ddp_register_hook_wrapper)
         patcher.replace(DDP, "_register_builtin_comm_hook", _ddp_builtin_hook_wrapper)

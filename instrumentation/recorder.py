@@ -477,6 +477,13 @@ class Recorder:
             record.async_op and record.call_end_ns and not record.device and record.op in schema.P2P_OPS
             for record in inflight)
 
+    def waited_untraced(self, start_ns: int, end_ns: int) -> None:
+        """A wait on collectives the recorder did not see issued (DDP's reducer: ddp_wait.py) counts
+        as communication time and one op done; not while traced ops are in flight (they count it)."""
+        if not self.inflight and end_ns > start_ns:
+            self.comm_ns += end_ns - start_ns
+            self.ops_done += 1
+
     def comm_seconds(self, now_ns: int) -> float:
         """Cumulative seconds this process had an op in flight, up to now."""
         busy = self.comm_ns + (max(0, now_ns - self.comm_since_ns) if self.inflight else 0)

@@ -2,7 +2,8 @@
 
 Environment: STRAGGLER_RANK (-1: none), STRAGGLER_EXTRA_S (its extra time per step, default 0.1),
 STRAGGLER_AFTER_S (from when, default 8), STRAGGLER_ONSET_FILE (it writes {"onset": time} there),
-STRAGGLER_STEPS (default: until killed).
+STRAGGLER_STEPS (default: until killed), STRAGGLER_BUSY=1 (the extra time is spent computing, a
+throttled device's way, instead of sleeping, a slow data loader's).
 """
 
 import json
@@ -24,6 +25,7 @@ slow_rank = int(os.environ.get("STRAGGLER_RANK", "-1"))
 extra_s = float(os.environ.get("STRAGGLER_EXTRA_S", "0.1"))
 after_s = float(os.environ.get("STRAGGLER_AFTER_S", "8"))
 onset_file = os.environ.get("STRAGGLER_ONSET_FILE", "")
+busy = os.environ.get("STRAGGLER_BUSY") == "1"
 steps = int(os.environ.get("STRAGGLER_STEPS", "0")) or 10**9
 start = time.time()
 slow = False
@@ -33,7 +35,10 @@ for step in range(steps):
             with open(onset_file, "w") as handle:
                 json.dump({"onset": time.time(), "step": step}, handle)
         slow = True
-        time.sleep(extra_s)  # the straggler's extra "compute" (its peers wait in the bucket all-reduce)
+        until = time.perf_counter() + extra_s  # the straggler's extra time (its peers wait in the all-reduce)
+        while busy and time.perf_counter() < until:
+            torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+        time.sleep(max(0.0, until - time.perf_counter()))
     x, y = torch.randn(32, 256), torch.randn(32, 8)
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()

@@ -78,11 +78,16 @@ C10D_SPECS: tuple[OpSpec, ...] = (
     OpSpec("all_gather_coalesced", schema.OP_ALL_GATHER, (1, "input_tensor_list"), (2, "group"), (3, "async_op")),
 )
 
-# torch.distributed only (a C++ function): DDP's parameter broadcast at construction and its
+# torch.distributed only (C++ functions): DDP's parameter broadcast at construction and its
 # per-forward buffer broadcast. Several broadcasts of at most buffer_size bytes each: the op is
-# recorded once, with the seq of the first; its return covers the rest (issues_many).
+# recorded once, with the seq of the first; its return covers the rest (issues_many). DDP's (and
+# FSDP1's) check at construction that every rank holds the same parameter shapes: an all-gather of
+# their metadata (no payload of ours: the parameters are not what it sends). Ranks wait there for
+# peers still importing or building their model: in flight from the call on, not from the next
+# Flight Recorder read, so they do not read as outside communication meanwhile.
 C10D_ONLY_IN_DIST: tuple[OpSpec, ...] = (
     OpSpec("_broadcast_coalesced", schema.OP_BROADCAST, (1, ""), (0, ""), group_root=(3, ""), issues_many=True),
+    OpSpec("_verify_params_across_processes", schema.OP_ALL_GATHER, NO_ARG, (0, ""), issues_many=True),
 )
 
 # _coalescing_manager: the block's ops, by the function torch recorded for each, are one collective

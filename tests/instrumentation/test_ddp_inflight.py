@@ -36,3 +36,20 @@ def test_the_bucket_all_reduce_waits_in_flight_for_a_late_peer(otlp_sink: tuple,
     assert waited, "rank 0's bucket all-reduce of step 2 must last as long as rank 1 was late"
     broadcasts = {s.attributes[schema.ATTR_API] for s in ops if s.attributes[schema.ATTR_OP] == schema.OP_BROADCAST}
     assert "torch.distributed._broadcast_coalesced" in broadcasts  # DDP's buffer broadcast (BatchNorm)
+
+
+@pytest.mark.slow
+def test_ddp_construction_waits_in_flight_for_a_peer_still_importing(otlp_sink: tuple) -> None:
+    """DDP's parameter-shape check (an all-gather from C++) is in flight from its call on: ranks waiting
+    there for a peer still importing do not read as outside communication until the next Flight
+    Recorder read (on a loaded 8-rank host that lag paged a healthy start-up, 5 of 13 runs)."""
+    sink, port = otlp_sink
+    job = Path(__file__).parent / "jobs" / "ddp_straggler.py"
+    result = run_torchrun(job, 2, instrumented_env(port, MYCROFT_JOB_ID="ddp-slow-start", SLOW_IMPORT_RANK="1",
+                                                   SLOW_IMPORT_S="2", STRAGGLER_STEPS="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    checks = [s for s in sink.snapshot() if s.kind == schema.KIND_COLLECTIVE and s.rank == 0
+              and s.attributes.get(schema.ATTR_API) == "torch.distributed._verify_params_across_processes"]
+    assert len(checks) == 1, [s.attributes.get(schema.ATTR_API) for s in sink.snapshot() if s.rank == 0][:20]
+    assert checks[0].attributes[schema.ATTR_OP] == schema.OP_ALL_GATHER
+    assert (checks[0].end_ns - checks[0].start_ns) / 1e9 >= 1.5  # it waited for the importing peer

@@ -3,7 +3,9 @@
 Environment: STRAGGLER_RANK (-1: none), STRAGGLER_EXTRA_S (its extra time per step, default 0.1),
 STRAGGLER_AFTER_S (from when, default 8), STRAGGLER_ONSET_FILE (it writes {"onset": time} there),
 STRAGGLER_STEPS (default: until killed), STRAGGLER_BUSY=1 (the extra time is spent computing, a
-throttled device's way, instead of sleeping, a slow data loader's).
+throttled device's way, instead of sleeping, a slow data loader's). SLOW_IMPORT_RANK / SLOW_IMPORT_S:
+that rank spends that long importing a module before it builds DDP (a slow start: its peers wait
+in DDP's construction).
 """
 
 import json
@@ -17,6 +19,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(rank)
+if rank == int(os.environ.get("SLOW_IMPORT_RANK", "-1")):
+    import sys
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="slow-import-")
+    with open(os.path.join(where, "slow_module.py"), "w") as handle:
+        handle.write(f"import time\ntime.sleep({float(os.environ.get('SLOW_IMPORT_S', '5'))})\n")
+    sys.path.insert(0, where)
+    import slow_module  # noqa: F401
 layers = [torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256), torch.nn.ReLU(),
           torch.nn.Linear(256, 8)]
 model = DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.5)

@@ -391,6 +391,7 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
         return CRITICAL, "ranks are lost, gone or the data does not move", None
     pending: list[int] = []
     young: list[int] = []
+    starting: list[int] = []
     pauses: list[pauses_mod.PauseVerdict] = []
     for rc in causes:
         assert rc.rank is not None
@@ -408,6 +409,12 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
             pending.append(rc.rank)
             continue
         verdict = pauses_mod.classify(rc.rank, rank.stack, idle, job.pauses, cfg, compiling)
+        if verdict is None and not any(rank.completed.values()) and idle < cfg.startup_budget_s:
+            # it never completed a collective: still starting (building its model, loading data or
+            # weights) while faster peers wait in the first one; on a loaded host or a shared file
+            # system that takes seconds to minutes, and paged a healthy 8-rank start-up
+            starting.append(rc.rank)
+            continue
         if verdict is None and idle < cfg.page_idle_min_s:
             young.append(rc.rank)  # out of communication about a hang threshold: a slow step under load, so far
             continue
@@ -423,6 +430,10 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
     if young:
         return WARNING, (f"rank(s) {young} outside communication for less than {cfg.page_idle_min_s:g}s, where this "
                          f"job does not pause: critical if they stay out"), None
+    if starting:
+        return WARNING, (f"rank(s) {starting} have not completed a collective yet: still starting (model, data, "
+                         f"weights) or stuck before the first step; critical after the start-up budget of "
+                         f"{cfg.startup_budget_s:g}s"), None
     top = max(pauses, key=lambda p: p.age_s / max(p.budget_s, 1e-9))
     return INFO, "a normal pause within its budget", {
         "phase": top.phase, "budget_s": round(top.budget_s, 3), "age_s": round(top.age_s, 3), "why": top.why}

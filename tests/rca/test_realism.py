@@ -461,3 +461,27 @@ def test_a_holder_that_dies_before_its_hang_pages_turns_the_warning_critical() -
     assert (hang.root_causes[0]["rank"], hang.root_causes[0]["kind"]) == (3, "process_lost")
     others = [e for e in events if e.action == "fired" and e.incident.id != hang.id]
     assert not [e for e in others if e.incident.severity == "critical"], others
+
+
+def test_a_rank_not_at_the_first_collective_yet_is_named_at_once_and_paged_after_the_start_up_budget() -> None:
+    """Peers wait in the job's first collective while one rank still builds its model (or is stuck
+    there): named at once (warning), critical only past the start-up budget. A healthy 8-rank DDP
+    start-up on 2 cores paged in seconds (ranks importing and building while others waited)."""
+    engine = Engine()
+    job = StepJob("start", 4)  # no step completed yet: ranks 0-2 wait in seq 1
+    budget = engine.cfg.startup_budget_s
+    t0 = job.now
+    fired, severities = None, []
+    t = t0
+    while t <= t0 + budget + 5:
+        engine.ingest(job.heartbeats(t, not_entered=[3], stack="train.py:30 in main\nmodel.py:12 in build_model"), t)
+        for event in engine.step(t):
+            fired = fired or (event.incident if event.action == "fired" else None)
+        if fired is not None:
+            severities.append((round(t - t0, 2), engine.tracker.active[fired.key].severity))
+        t += 0.5
+    assert fired is not None and fired.root_causes[0]["rank"] == 3 and fired.root_causes[0]["kind"] == "not_entered"
+    assert fired.detected_at - t0 < 5 and severities[0][1] == "warning", (fired.detected_at - t0, severities[:3])
+    assert all(severity == "warning" for at, severity in severities if at < budget - 2), severities
+    critical_at = next(at for at, severity in severities if severity == "critical")
+    assert budget - 2 <= critical_at <= budget + 3, severities[-5:]

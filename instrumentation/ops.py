@@ -80,8 +80,8 @@ C10D_SPECS: tuple[OpSpec, ...] = (
 
 # torch.distributed only (C++ functions): DDP's parameter broadcast at construction and its
 # per-forward buffer broadcast. Several broadcasts of at most buffer_size bytes each: the op is
-# recorded once, with the seq of the first; its return covers the rest (issues_many). DDP's (and
-# FSDP1's) check at construction that every rank holds the same parameter shapes: an all-gather of
+# recorded once, with the seq of the first; its return covers the rest (issues_many). DDP's
+# check at construction that every rank holds the same parameter shapes: an all-gather of
 # their metadata (no payload of ours: the parameters are not what it sends). Ranks wait there for
 # peers still importing or building their model: in flight from the call on, not from the next
 # Flight Recorder read, so they do not read as outside communication meanwhile.

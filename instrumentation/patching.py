@@ -474,9 +474,7 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
         try:
             import torch.distributed as dist
 
-            if mode is False:  # MYCROFT_DDP_HOOK=0: DDP's own all-reduce, its end-of-backward wait timed
-                self._mycroft_wait_probe = ddp_wait.attach(recorder, self)
-                return
+            builtin = mode is False  # MYCROFT_DDP_HOOK=0: DDP's own all-reduce
             if mode is None:  # auto: no Python hook where the Flight Recorder's frontier sees the all-reduce
                 info = recorder.groups.resolve(self.process_group)
                 if info is not None and (info.device_async or dump_functions()):
@@ -486,8 +484,10 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
                     log.info("mycroft: DDP on %s keeps its built-in all-reduce; the Flight Recorder's "
                              "frontier covers it (MYCROFT_DDP_HOOK=1 routes it through the tracer, with a "
                              "span per bucket)", info.backend)
-                    self._mycroft_wait_probe = ddp_wait.attach(recorder, self)
-                    return
+                    builtin = True
+            if builtin:  # the reducer's end-of-backward wait is timed instead (stragglers)
+                self._mycroft_wait_probe = ddp_wait.attach(recorder, self)
+                return
 
             state = _DdpHookState(self.process_group, recorder)
             dist._register_comm_hook(self.reducer, state, _mycroft_ddp_hook)

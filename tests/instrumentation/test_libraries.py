@@ -28,7 +28,7 @@ EXAMPLES = REPO / "examples" / "frameworks"
 CASES = [  # (script, its options, module that must be importable, rank, step, point)
     ("accelerate_ddp.py", (), "accelerate", 1, 4, "between_fwd_bwd"),
     ("megatron_core_tp_dp.py", ("--tp", "2"), "megatron.core", 3, 3, "before_step"),
-    ("deepspeed_zero.py", ("--stage", "2"), "deepspeed", 2, 3, "before_forward"),
+    ("deepspeed_zero.py", ("--stage", "2"), "deepspeed", 2, 12, "before_forward"),
     ("torchtitan_llama3_tp_fsdp.py", ("--tp", "2"), "torchtitan", 0, 3, "between_fwd_bwd"),
 ]
 

@@ -60,6 +60,9 @@ class AnalysisConfig:
     startup_min_s: float = 1.0
     startup_spread_factor: float = 2.0
     startup_budget_s: float = 60.0
+    # ... and a holder that never completed a collective is still starting while its stack moves; one
+    # whose stack stood still this many heartbeat intervals is stuck there (paged as at any other time)
+    startup_still_intervals: float = 2.5
     # lost heartbeats: silent for lost_intervals * interval + lost_slack_s
     lost_intervals: float = 2.5
     lost_slack_s: float = 0.3

@@ -17,6 +17,10 @@ MISMATCH = "mismatch"
 DEADLOCK = "deadlock"
 STALL = "stall"
 
+# a hang finding's evidence: the ops its wait chains run through (a later hang in other ops is another
+# incident: the job moved on in between)
+EVIDENCE_WAITED_OPS = "waited_ops"
+
 # root-cause kinds (what is wrong with a rank or a link)
 RC_NOT_ENTERED = "not_entered"  # alive, outside communication, others wait for it
 RC_NOT_ARRIVED = "not_arrived"  # never reached init_process_group while the others wait in rendezvous

@@ -26,6 +26,7 @@ from .findings import (
     CRASH,
     CRITICAL,
     DEADLOCK,
+    EVIDENCE_WAITED_OPS,
     HANG,
     INFO,
     MISMATCH,
@@ -62,6 +63,8 @@ from .triggers import (
     spoke_at,
     too_young_to_miss,
 )
+
+STACK_SEEN_MEMO = "stack_seen"  # job.memo: {rank: (its stack as the analysis last saw it, since when)}
 
 
 def _group_name(job: JobState, gid: str) -> str:
@@ -329,7 +332,7 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
     text = (f"{len(hung)} rank(s) stuck in communication for up to {oldest:.1f}s "
             f"(threshold {threshold:.1f}s); root cause: {names}")
     evidence: dict[str, Any] = {"hung_ranks": _first_ranks(job, hung), "threshold_s": round(threshold, 3),
-                                "max_in_flight_s": round(oldest, 3)}
+                                "max_in_flight_s": round(oldest, 3), EVIDENCE_WAITED_OPS: _waited_ops(job, found)}
     severity, reason, pause = _hang_severity(job, causes, now, cfg, oldest) if kind == HANG else \
         (CRITICAL, "", None)
     if pause is not None:
@@ -338,6 +341,19 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
     finding = Finding(job.job_id, kind, text, causes, summary, evidence, severity, reason)
     finding.draw = lambda: graph_view.hang_view(wf, found, job, [rc.to_dict() for rc in causes], now, now - oldest)
     return finding
+
+
+def _waited_ops(job: JobState, found: list[wfg.Sink], limit: int = 32) -> list[str]:
+    """The ops next to the hang's sinks (the sink when it is an op, else the op its chain enters it
+    through), most blocking sink first, as the API names them: a standing hang keeps them."""
+    ops: dict[str, None] = {}
+    for sink in found:
+        near = [n for n in (*sink.nodes, *reversed(sink.path)) if n[0] != "r"]
+        if near:
+            ops[wfg.describe(near[0], job)] = None
+        if len(ops) >= limit:
+            break
+    return list(ops)
 
 
 def _in_group_setup(job: JobState, rank_id: int, cfg: AnalysisConfig) -> bool:
@@ -409,10 +425,12 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
             pending.append(rc.rank)
             continue
         verdict = pauses_mod.classify(rc.rank, rank.stack, idle, job.pauses, cfg, compiling)
-        if verdict is None and not any(rank.completed.values()) and idle < cfg.startup_budget_s:
-            # it never completed a collective: still starting (building its model, loading data or
-            # weights) while faster peers wait in the first one; on a loaded host or a shared file
-            # system that takes seconds to minutes, and paged a healthy 8-rank start-up
+        if verdict is None and not any(rank.completed.values()) and idle < cfg.startup_budget_s and \
+                _stack_still_s(job, rc.rank, rank.stack, now) < cfg.startup_still_intervals * rank.hb_interval:
+            # it never completed a collective and its stack moves: still starting (building its model,
+            # loading data or weights) while faster peers wait in the first one; on a loaded host that
+            # takes seconds and paged a healthy 8-rank start-up. A rank whose stack stands still at one
+            # line is stuck there (blocked before its first step), as at any other time
             starting.append(rc.rank)
             continue
         if verdict is None and idle < cfg.page_idle_min_s:
@@ -437,6 +455,17 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
     top = max(pauses, key=lambda p: p.age_s / max(p.budget_s, 1e-9))
     return INFO, "a normal pause within its budget", {
         "phase": top.phase, "budget_s": round(top.budget_s, 3), "age_s": round(top.age_s, 3), "why": top.why}
+
+
+def _stack_still_s(job: JobState, rank_id: int, stack: str, now: float) -> float:
+    """How long the analysis has seen this rank's stack unchanged (0.0 when it just changed): the
+    heartbeats resample it, so a rank at work shows another line each time, a blocked one the same."""
+    seen: dict[int, tuple[str, float]] = job.memo.setdefault(STACK_SEEN_MEMO, {})
+    last = seen.get(rank_id)
+    if last is None or last[0] != stack:
+        seen[rank_id] = (stack, now)
+        return 0.0
+    return now - last[1]
 
 
 def _digest_text(job: JobState, mm: Mismatch, rank: int, name: str) -> str:

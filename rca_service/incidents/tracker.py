@@ -14,6 +14,7 @@ from typing import Any
 
 from ..analysis.findings import (
     CRITICAL,
+    EVIDENCE_WAITED_OPS,
     RC_MISMATCH,
     RC_NOT_ENTERED,
     RC_PROCESS_EXITED,
@@ -160,6 +161,7 @@ class IncidentTracker:
         self.refresh_after_s = refresh_after_s  # at most this often, evidence of an unchanged story
         self.active: dict[str, Incident] = {i.key: i for i in (firing or []) if i.status == FIRING}
         self._recent_critical: dict[str, Incident] = {}  # job -> its latest critical incident
+        self._last_pass: dict[str, float] = {}  # job -> when observe() last ran for it
 
     def _cause_of(self, job: str, causes: list[dict[str, Any]], now: float, key: str) -> Incident | None:
         """The earlier critical incident that explains an incident naming only lost / exited ranks."""
@@ -180,6 +182,9 @@ class IncidentTracker:
             seen.add(finding.key)
             causes = [rc.to_dict() for rc in finding.root_causes]
             current = self.active.get(finding.key)
+            if current is not None and self._moved_on(current, finding):
+                events.append(self._resolve(finding.key, now, "condition cleared: the job moved on to other ops"))
+                current = None
             if current is None:
                 incident = Incident(
                     id=uuid.uuid4().hex[:16], job=job, kind=finding.kind, status=FIRING, detected_at=now,
@@ -211,7 +216,19 @@ class IncidentTracker:
                 continue
             if now - incident.last_seen_at >= self.resolve_after_s:
                 events.append(self._resolve(key, now, "condition cleared"))
+        self._last_pass[job] = now
         return events
+
+    def _moved_on(self, current: Incident, finding: Finding) -> bool:
+        """A hang that cleared (its finding missing from the job's last pass) and is back in other ops
+        only: the job made progress in between, so this is a new hang (a block right after a pause),
+        not the old one flapping; it gets its own incident, detected now."""
+        last_pass = self._last_pass.get(current.job)
+        if last_pass is None or current.last_seen_at >= last_pass:
+            return False  # seen in the last pass: the same condition, still standing
+        before = current.evidence.get(EVIDENCE_WAITED_OPS) or []
+        after = finding.evidence.get(EVIDENCE_WAITED_OPS) or []
+        return bool(before) and bool(after) and set(before).isdisjoint(after)
 
     def _update(self, current: Incident, finding: Finding, causes: list[dict[str, Any]], now: float) -> bool:
         """Fold one pass into a firing incident; True when something worth an event changed."""
@@ -283,6 +300,7 @@ class IncidentTracker:
     def resolve_job(self, job: str, now: float, reason: str) -> list[Event]:
         """The job is gone (expired): close what is still open for it."""
         self._recent_critical.pop(job, None)
+        self._last_pass.pop(job, None)
         return [self._resolve(key, now, reason) for key, inc in list(self.active.items()) if inc.job == job]
 
     def _resolve(self, key: str, now: float, reason: str) -> Event:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 
 import pytest
 from mycroft.rca_service.analysis.pauses import match_phase, stack_signature
@@ -174,6 +175,43 @@ def test_checkpoint_pause_is_diagnosed_at_once_but_never_pages() -> None:
     assert incident.severity == "info" and incident.critical_at is None
     assert incident.evidence["pause"]["phase"] == "checkpoint"
     assert not any(should_alert(e.action, e.incident, "critical") for e in events)
+
+
+def test_a_block_right_after_a_pause_is_an_incident_of_its_own() -> None:
+    """A checkpoint pause (info) ends, the job runs a step, and a second later another rank blocks,
+    within resolve_after_s of the pause: the pause's incident did not resolve yet. The block is a
+    new hang (other ops), detected when it happened; the pause resolves, it does not turn into the
+    block (whose detection would then date from the pause: a DeepSpeed run scored it a false alarm)."""
+    engine, job = _healthy()
+    events = _hold(engine, job, 3.0, holder=0, stack=CHECKPOINT_STACK)
+    pause = next(e.incident for e in events if e.action == "fired")
+    assert pause.severity == "info"
+    for _ in range(4):  # the job resumes: a second of steps (the pause's condition clears)
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(4), stack=""), job.now)
+        events = engine.step(job.now)
+        assert not [e for e in events if e.action == "resolved"], "resolved before resolve_after_s"
+    blocked_at = job.now
+    events = _hold(engine, job, 4.0, holder=2, stack=HANG_STACK)
+    fired = [e.incident for e in events if e.action == "fired"]
+    assert len(fired) == 1 and fired[0].id != pause.id, [(e.action, e.incident.summary) for e in events]
+    assert fired[0].root_causes[0]["rank"] == 2 and fired[0].detected_at >= blocked_at
+    assert fired[0].severity == "critical"
+    assert pause.status == "resolved" and pause.severity == "info"
+    assert pause.root_causes[0]["rank"] == 0 and "moved on" in pause.evidence["resolved_because"]
+
+
+def test_a_hang_that_flaps_in_the_same_op_stays_one_incident() -> None:
+    """The other side: a standing hang whose finding is missing from a pass (a member just missed its
+    heartbeat, the verdict waits) comes back in the same op: the same incident."""
+    engine, job = _healthy()
+    events = _hold(engine, job, 3.0, holder=1, stack=HANG_STACK)
+    first = next(e.incident for e in events if e.action == "fired")
+    tracker = engine.tracker
+    assert tracker.observe(first.job, [], job.now) == []  # the pass that waited: no finding, no event
+    events = _hold(engine, job, 2.0, holder=1, stack=HANG_STACK)
+    assert not [e for e in events if e.action in ("fired", "resolved")], events
+    assert tracker.active[first.key].id == first.id
 
 
 def test_a_pause_over_its_budget_becomes_critical() -> None:
@@ -463,18 +501,15 @@ def test_a_holder_that_dies_before_its_hang_pages_turns_the_warning_critical() -
     assert not [e for e in others if e.incident.severity == "critical"], others
 
 
-def test_a_rank_not_at_the_first_collective_yet_is_named_at_once_and_paged_after_the_start_up_budget() -> None:
-    """Peers wait in the job's first collective while one rank still builds its model (or is stuck
-    there): named at once (warning), critical only past the start-up budget. A healthy 8-rank DDP
-    start-up on 2 cores paged in seconds (ranks importing and building while others waited)."""
-    engine = Engine()
+def _first_collective_held(engine: Engine, stack_at: Callable[[float], str],
+                           until_s: float) -> tuple[Incident, list[tuple[float, str]]]:
+    """Ranks 0-2 wait in the job's first collective; rank 3 has not entered it, at stack_at(t)."""
     job = StepJob("start", 4)  # no step completed yet: ranks 0-2 wait in seq 1
-    budget = engine.cfg.startup_budget_s
     t0 = job.now
     fired, severities = None, []
     t = t0
-    while t <= t0 + budget + 5:
-        engine.ingest(job.heartbeats(t, not_entered=[3], stack="train.py:30 in main\nmodel.py:12 in build_model"), t)
+    while t <= t0 + until_s:
+        engine.ingest(job.heartbeats(t, not_entered=[3], stack=stack_at(t)), t)
         for event in engine.step(t):
             fired = fired or (event.incident if event.action == "fired" else None)
         if fired is not None:
@@ -482,6 +517,26 @@ def test_a_rank_not_at_the_first_collective_yet_is_named_at_once_and_paged_after
         t += 0.5
     assert fired is not None and fired.root_causes[0]["rank"] == 3 and fired.root_causes[0]["kind"] == "not_entered"
     assert fired.detected_at - t0 < 5 and severities[0][1] == "warning", (fired.detected_at - t0, severities[:3])
+    return fired, severities
+
+
+def test_a_rank_still_starting_at_the_first_collective_is_named_at_once_and_paged_after_the_start_up_budget() -> None:
+    """Peers wait in the job's first collective while one rank still builds its model: its stack moves
+    from one heartbeat to the next. Named at once (warning), critical only past the start-up budget. A
+    healthy 8-rank DDP start-up on 2 cores paged in seconds (ranks importing and building while others waited)."""
+    engine = Engine()
+    budget = engine.cfg.startup_budget_s
+    _, severities = _first_collective_held(
+        engine, lambda t: f"train.py:30 in main\nmodel.py:{int(t * 2) % 50} in build_model", budget + 5)
     assert all(severity == "warning" for at, severity in severities if at < budget - 2), severities
     critical_at = next(at for at, severity in severities if severity == "critical")
     assert budget - 2 <= critical_at <= budget + 3, severities[-5:]
+
+
+def test_a_rank_blocked_before_its_first_collective_pages_in_seconds() -> None:
+    """The same wait, but the rank's stack stands still at one line: it is blocked before its first step
+    (a hung data source, a lock), not starting; it pages as a hang at any other time would."""
+    engine = Engine()
+    _, severities = _first_collective_held(engine, lambda t: "train.py:30 in main\nmodel.py:12 in build_model", 12)
+    critical_at = next((at for at, severity in severities if severity == "critical"), None)
+    assert critical_at is not None and critical_at <= 6, severities

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import traceback
 
 from mycroft import schema
 
@@ -22,10 +21,48 @@ def _ours(filename: str) -> bool:
     return filename.startswith(_OUR_DIR) or os.path.dirname(filename) == _OUR_PACKAGE
 
 
-def main_thread_stack(depth: int) -> str:
-    """Where the main thread is now: innermost frame last, Mycroft's own frames removed."""
+def main_thread_stack(depth: int, context: int = 16) -> str:
+    """Where the main thread is now: innermost frame last, Mycroft's own frames removed.
+
+    The innermost `depth` frames, and above them the frame where each package was entered (at most
+    `context` of them, the nearest): a rank compiling a template deep inside a lazy import shows the
+    import around the recursion, which is what tells a normal pause from a hang. Read from the frames
+    themselves, no source file is read (the rank may hang on its file system)."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
-    if frame is None:
-        return ""
-    frames = [entry for entry in traceback.extract_stack(frame) if not _ours(entry.filename)]
-    return "\n".join(f"{entry.filename}:{entry.lineno} in {entry.name}" for entry in frames[-depth:])
+    walked: list[tuple[str, int, str]] = []
+    while frame is not None:
+        code = frame.f_code
+        if not _ours(code.co_filename):
+            walked.append((code.co_filename, frame.f_lineno or 0, code.co_name))
+        frame = frame.f_back
+    walked.reverse()
+    return "\n".join(f"{filename}:{line} in {name}" for filename, line, name in summarize(walked, depth, context))
+
+
+def summarize(frames: list[tuple[str, int, str]], depth: int, context: int) -> list[tuple[str, int, str]]:
+    """The innermost `depth` frames (outermost first), after the nearest `context` frames above them
+    at which the stack entered another package (a run of frames in one package keeps its first)."""
+    if len(frames) <= depth:
+        return frames
+    outer = frames[:-depth] if depth > 0 else frames
+    entries: list[tuple[str, int, str]] = []
+    last = None
+    for entry in outer:
+        package = _package(entry[0])
+        if package != last:
+            entries.append(entry)
+            last = package
+    kept = entries[-context:] if context > 0 else []
+    return kept + (frames[-depth:] if depth > 0 else [])
+
+
+def _package(filename: str) -> str:
+    """What a frame's file belongs to: a site-packages' top-level package, the import machinery, a
+    standard-library module, or the user's own file."""
+    for marker in ("site-packages/", "dist-packages/"):
+        at = filename.find(marker)
+        if at >= 0:
+            return filename[at + len(marker):].split("/", 1)[0]
+    if filename.startswith("<frozen importlib"):
+        return "<frozen importlib>"
+    return filename

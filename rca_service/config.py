@@ -17,6 +17,9 @@ class Phase:
     # machinery, not in user code that the library called (a block in a graph break's eager
     # code runs under torch/_dynamo frames, and is no compilation)
     innermost: str = ""
+    # a frame matching it is not this phase even when the pattern matches (activation checkpointing's
+    # recompute is no checkpoint save)
+    unless: str = ""
 
 
 COMPILATION = "compilation"  # the phase a rank that reports it is compiling (schema.PHASE_COMPILING) is in
@@ -30,7 +33,9 @@ _LIBRARY_FRAME = r"site-packages/|dist-packages/|<frozen |/lib/python3\.\d+/|^<e
 # such a pause may last before it pages someone.
 DEFAULT_PHASES: tuple[Phase, ...] = (
     Phase("checkpoint", r"checkpoint|ckpt|torch/serialization\.py|safetensors|in save(_\w+)?$|"
-                        r"in _?save_state|in write_(state|shard)", 600.0),
+                        r"in _?save_state|in write_(state|shard)", 600.0,
+          unless=r"torch/utils/checkpoint\.py|checkpoint_wrapper|activation_checkpointing|tensor_parallel/random\.py|"
+                 r"in (checkpointed_forward|_checkpointed_forward|recompute\w*|CheckpointFunction\w*)$"),
     Phase("evaluation", r"in _?(eval|evaluate|evaluation|validate|validation|val_step|eval_step|test_step)"
                         r"(_\w+)?$", 600.0),
     Phase("data loading", r"torch/utils/data/|dataloader|in _?(load|next|fetch|get|prefetch)_?\w*batch\w*$|"

@@ -48,7 +48,8 @@ def match_phase(stack: str, phases: tuple[Phase, ...]) -> Phase | None:
     eligible = [phase for phase in phases if not phase.innermost or re.search(phase.innermost, lines[-1])]
     for line in reversed(lines):
         for phase in eligible:
-            if re.search(phase.pattern, line, flags=re.IGNORECASE):
+            if re.search(phase.pattern, line, flags=re.IGNORECASE) and \
+                    not (phase.unless and re.search(phase.unless, line, flags=re.IGNORECASE)):
                 return phase
     return None
 

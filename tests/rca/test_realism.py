@@ -481,6 +481,25 @@ def test_compiling_and_lazy_imports_of_the_first_steps_are_pauses_not_hangs() ->
                        phases) is None
 
 
+def test_activation_checkpointing_is_no_checkpoint_pause() -> None:
+    """Recompute under torch.utils.checkpoint (or Megatron's / DeepSpeed's) is compute in a step, not a
+    save: a rank stuck there is not in a normal pause. Heartbeat stacks carry the package entries above
+    the innermost frames, so the checkpoint module's frame is often in them."""
+    phases = AnalysisConfig().phases
+    user = "train.py:40 in step\nmodel.py:22 in forward\nmodel.py:57 in wait_here_on_purpose"
+    for frame in (f"{SITE}/utils/checkpoint.py:496 in checkpoint",
+                  f"{SITE}/distributed/algorithms/_checkpoint/checkpoint_wrapper.py:170 in forward",
+                  "/venv/lib/python3.11/site-packages/megatron/core/tensor_parallel/random.py:480 in checkpoint",
+                  "/venv/lib/python3.11/site-packages/deepspeed/runtime/activation_checkpointing/"
+                  "checkpointing.py:950 in checkpoint"):
+        assert match_phase(f"{frame}\n{user}", phases) is None, frame
+    for frame in (f"{SITE}/distributed/checkpoint/state_dict_saver.py:150 in save",
+                  "/venv/lib/python3.11/site-packages/megatron/training/checkpointing.py:400 in save_checkpoint",
+                  f"{SITE}/serialization.py:900 in save"):
+        phase = match_phase(f"train.py:40 in main\n{frame}\n/usr/lib/python3.11/time.py:1 in sleep", phases)
+        assert phase is not None and phase.name == "checkpoint", frame
+
+
 def test_a_holder_that_dies_before_its_hang_pages_turns_the_warning_critical() -> None:
     """SIGKILL right after a heartbeat: the peers wait, the RCA names the rank not entered while its stack
     is on the way (warning), and only later reads it as lost. The crash is the story, and it pages; the

@@ -25,7 +25,7 @@ setup() {
     # pinned torch (examples/frameworks/README.md): DeepSpeed is an sdist built without its ops (the
     # CPU accelerator JIT-builds its shm comm at first init); torchtitan's pinned deps (datasets,
     # wandb, ...) serve only its Trainer, which the test does not use: its models import triton
-    .venv/bin/python -m pip install -q -c <(echo "$TORCH_PIN") accelerate==1.16.0 megatron-core==0.16.1 lightning==2.6.6
+    .venv/bin/python -m pip install -q -c <(echo "$TORCH_PIN") accelerate==1.16.0 megatron-core==0.16.1 lightning==2.6.6 transformers==5.25.0
     DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --no-build-isolation -c <(echo "$TORCH_PIN") deepspeed==0.19.8
     .venv/bin/python -m pip install -q --no-deps -c <(echo "$TORCH_PIN") torchtitan==0.3.0
     .venv/bin/python -m pip install -q -c <(echo "$TORCH_PIN") spmd_types==0.2.3 tyro==1.0.17 triton==3.9.0

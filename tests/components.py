@@ -70,6 +70,7 @@ COMPONENTS: dict[str, Component] = {c.name: c for c in (
           ("accelerate", "pip install -c <(echo torch==2.13.0) accelerate==1.16.0"),
           ("megatron.core", "pip install -c <(echo torch==2.13.0) megatron-core==0.16.1"),
           ("lightning", "pip install -c <(echo torch==2.13.0) lightning==2.6.6"),
+          ("transformers", "pip install -c <(echo torch==2.13.0) transformers==5.25.0"),
           ("deepspeed", "DS_BUILD_OPS=0 pip install --no-build-isolation -c <(echo torch==2.13.0) deepspeed==0.19.8"),
           ("torchtitan", "pip install --no-deps torchtitan==0.3.0 && pip install spmd_types==0.2.3 tyro==1.0.17 "
                          "triton==3.9.0"))),

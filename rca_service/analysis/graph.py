@@ -175,6 +175,18 @@ def build(job: JobState, status: dict[int, str], waiting: Iterable[int], now: fl
     return _build(job, status, waiting, cfg, _graphed(job, status, now, cfg, fresh_after)).wf
 
 
+def _issued_beyond(job: JobState, members: tuple[int, ...], gid: str, seq: int, memo: dict[Node, bool],
+                   node: Node) -> bool:
+    """A member of the group issued a collective after `seq` (memoized per op node: a 16k-rank hang in
+    one op looks once)."""
+    found = memo.get(node)
+    if found is None:
+        ranks = job.ranks
+        found = memo[node] = any(rank.issued.get(gid, 0) > seq for rank in map(ranks.get, members)
+                                 if rank is not None)
+    return found
+
+
 def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: AnalysisConfig,
            graphed: list[RankState]) -> _Built:
     edges: list[tuple[Node, Node]] = []
@@ -184,6 +196,7 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
     blocked: list[tuple[Node, int, InFlight | None]] = []
     unfinished: dict[tuple[Node, int], InFlight | None] = {}
     left: dict[Node, tuple[tuple[int, ...], list[int]]] = {}  # op node -> its members, the first unfinished
+    beyond: dict[Node, bool] = {}  # op node -> a member issued a later op of its group
     for rank in graphed:
         me = rank_node(rank.rank)
         for op in rank.inflight:
@@ -212,6 +225,12 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
                 # this rank is not inside the call, and a member finished the op (so all entered it): the
                 # rank's completion is one it cannot see (a C++ wait that is lazy, as DDP's unused-parameter
                 # all-reduce; gloo's Flight Recorder marks an op completed only when it is waited), no wait
+                continue
+            if op.returned and _issued_beyond(job, members, op.group_id, op.seq, beyond, node):
+                # nor while a member issued a later op of the group: the members wait in that one (or are
+                # not inside any call), and this op's completion may only show at its lazy wait (DDP's
+                # unused-parameter all-reduce is waited in the next backward: until then, every member
+                # reads in flight in it, and a rank blocked between forward and backward read as a link)
                 continue
             unfinished[node, next(m for m in not_done if m != rank.rank) if members else -1] = None
             edges.append((me, node))

@@ -4,9 +4,11 @@ one rank hangs at a point of a step, the RCA names it.
 HF Accelerate (DDP through `Accelerator.prepare`), megatron-core (parallel_state groups with
 `group_desc`, megatron DDP's bucketed grad reduce inside `_coalescing_manager`), DeepSpeed (ZeRO 2 on
 its CPU accelerator, whose first init JIT-builds a C++ extension, ~75 s once), torchtitan (its
-llama3 debug model, TP x FSDP2) and PyTorch Lightning (`Trainer.fit` with strategy ddp, the block in
-its step hooks) are installed by the set-up (examples/frameworks/README.md); where one
-is missing its test skips on a plain pytest and fails under CI / ./dev.sh test (tests/components.py).
+llama3 debug model, TP x FSDP2), PyTorch Lightning (`Trainer.fit` with strategy ddp, the block in
+its step hooks) and the Transformers `Trainer` (DDP with find_unused_parameters, whose lazily waited
+unused-parameter all-reduce reads in flight on every rank) are installed by the set-up
+(examples/frameworks/README.md); where one is missing its test skips on a plain pytest and fails
+under CI / ./dev.sh test (tests/components.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ CASES = [  # (script, its options, module that must be importable, rank, step, p
     ("deepspeed_zero.py", ("--stage", "2"), "deepspeed", 2, 12, "before_forward"),
     ("torchtitan_llama3_tp_fsdp.py", ("--tp", "2"), "torchtitan", 0, 3, "between_fwd_bwd"),
     ("lightning_ddp.py", (), "lightning", 1, 6, "before_step"),
+    ("hf_trainer.py", (), "transformers", 2, 7, "between_fwd_bwd"),
 ]
 
 

@@ -271,3 +271,38 @@ def test_a_holder_whose_idle_reads_0_for_ops_it_completed_pages_too() -> None:
     held = analyze_job(job, t + 0.05, CFG)
     assert held and held[0].root_causes[0].rank == 1, held
     assert held[0].severity == "critical", held[0].severity_reason
+
+
+def _ddp_lazy_everywhere_job(t: float, returned: bool = True) -> JobState:
+    """HF Trainer's DDP (find_unused_parameters=True): the unused-parameter all-reduce of the last step
+    (seq 17) is waited only in the next backward, so it reads in flight on every rank, none completed it.
+    Rank 2 then blocked between forward and backward; ranks 0, 1, 3 went on to the backward's bucket
+    all-reduces (seq 18, 19) and wait there. It read as a link (everyone issued 17, it does not complete)."""
+    jobs: dict[str, JobState] = {}
+    g = Group("world", (0, 1, 2, 3))
+    lazy = InFlightOp(g, 17, age_s=6.0, returned=returned)
+    later = [InFlightOp(g, 18, age_s=5.9, returned=True), InFlightOp(g, 19, age_s=5.9, returned=True)]
+    hb = [heartbeat("job", r, 4, t, 1, [g], [19], [16], [lazy, *later]) for r in (0, 1, 3)]
+    hb.append(heartbeat("job", 2, 4, t, 1, [g], [17], [16], [lazy], stack=USER_STACK))
+    apply_records(jobs, hb, t, CFG)
+    return jobs["job"]
+
+
+def test_an_op_whose_call_returned_is_no_wait_once_a_member_issued_a_later_one() -> None:
+    t = 270.0
+    findings = analyze_job(_ddp_lazy_everywhere_job(t), t + 0.1, CFG)
+    assert findings
+    top = findings[0].root_causes[0]
+    assert (findings[0].kind, top.rank, top.kind) == ("hang", 2, "not_entered"), findings[0].text
+
+
+def test_a_link_stalled_under_async_ops_is_still_a_link() -> None:
+    """Every member issued seq 17, 18 and 19 (async) and none completes: the data does not move. The
+    later ops stand for the stalled ones; the verdict is still the link."""
+    jobs: dict[str, JobState] = {}
+    g = Group("world", (0, 1, 2, 3))
+    t = 280.0
+    ops = [InFlightOp(g, seq, age_s=6.0, returned=True) for seq in (17, 18, 19)]
+    apply_records(jobs, [heartbeat("job", r, 4, t, 1, [g], [19], [16], ops) for r in range(4)], t, CFG)
+    findings = analyze_job(jobs["job"], t + 0.1, CFG)
+    assert findings and findings[0].root_causes[0].kind == "link", [f.text for f in findings]

@@ -43,6 +43,19 @@ def maybe_block(args: argparse.Namespace, rank: int, step: int, point: str) -> N
             time.sleep(1.0)
 
 
+def regression_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Generator]:
+    """The MLP examples' data (x: 1024 x 32, y = x @ w + noise) and the generator that drew it, which
+    then shuffles their DataLoader: the same draws, so the same loss, in every script."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1024, 32, generator=g)
+    y = x @ torch.randn(32, 1, generator=g) + 0.1 * torch.randn(1024, 1, generator=g)
+    return x, y, g
+
+
+def regression_mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 

@@ -25,7 +25,7 @@ ignores the plugin), so on CPU the model stays DDP. See README.md.
 from __future__ import annotations
 
 import torch
-from _common import maybe_block, parse_args, report, seed_everything
+from _common import maybe_block, parse_args, regression_data, regression_mlp, report, seed_everything
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -43,11 +43,9 @@ def main() -> None:
         plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     acc = Accelerator(cpu=True, fsdp_plugin=plugin)
 
-    g = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(1024, 32, generator=g)
-    y = x @ torch.randn(32, 1, generator=g) + 0.1 * torch.randn(1024, 1, generator=g)
+    x, y, g = regression_data(args.seed)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=g)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = regression_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt, loader = acc.prepare(model, opt, loader)
     if acc.is_main_process:

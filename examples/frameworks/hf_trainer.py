@@ -25,14 +25,14 @@ import argparse
 import tempfile
 
 import torch
-from _common import maybe_block, parse_args, rank, report, seed_everything
+from _common import maybe_block, parse_args, rank, regression_data, regression_mlp, report, seed_everything
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 
 class Regression(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        self.net = regression_mlp()
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         out = self.net(x)
@@ -72,9 +72,7 @@ class BlockingTrainer(Trainer):
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     seed_everything(args.seed)
-    g = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(1024, 32, generator=g)
-    y = x @ torch.randn(32, 1, generator=g) + 0.1 * torch.randn(1024, 1, generator=g)
+    x, y, _ = regression_data(args.seed)
     data = [{"x": x[i], "labels": y[i]} for i in range(len(x))]
     with tempfile.TemporaryDirectory() as out:
         training = TrainingArguments(output_dir=out, use_cpu=True, ddp_backend="gloo", max_steps=args.steps,

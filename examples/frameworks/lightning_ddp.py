@@ -26,7 +26,7 @@ import os
 
 import lightning as L
 import torch
-from _common import maybe_block, parse_args, report, seed_everything
+from _common import maybe_block, parse_args, regression_data, regression_mlp, report, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -34,7 +34,7 @@ class Regression(L.LightningModule):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
         self.args = args
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        self.net = regression_mlp()
         self.last_loss = float("nan")
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -62,9 +62,7 @@ class Regression(L.LightningModule):
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     seed_everything(args.seed)
-    g = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(1024, 32, generator=g)
-    y = x @ torch.randn(32, 1, generator=g) + 0.1 * torch.randn(1024, 1, generator=g)
+    x, y, g = regression_data(args.seed)
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=g)
     model = Regression(args)
     # on CPU "auto" means one device: the process count comes from torchrun's environment

@@ -17,7 +17,7 @@ MISMATCH = "mismatch"
 DEADLOCK = "deadlock"
 STALL = "stall"
 
-# a hang finding's evidence: the ops its wait chains run through (a later hang in other ops is another
+# a hang finding's evidence: the ops next to its sinks (a later hang in other ops only is another
 # incident: the job moved on in between)
 EVIDENCE_WAITED_OPS = "waited_ops"
 

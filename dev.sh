@@ -16,7 +16,7 @@ setup() {
   fi
   local stamp=.venv/.mycroft-setup
   local want
-  want=$(cat pyproject.toml dev.sh mycroft/_otlp_fast.c rca_service/ingest/_fold_fast.c | sha256sum | cut -c1-16)  # the C decoder and fold build with the package
+  want=$(cat pyproject.toml dev.sh mycroft/_otlp_fast.c rca_service/ingest/_fold_fast.c instrumentation/_hotpath.c | sha256sum | cut -c1-16)  # the C decoder and fold build with the package
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     .venv/bin/python -m pip install -q "$TORCH_PIN"

@@ -177,6 +177,32 @@ for i in range(3 * reps):  # traced (defaults), plain, traced with MYCROFT_DDP_H
     del d
 if instrumentor.is_instrumented_by_opentelemetry:
     instrumentor.uninstrument()
+
+# The Python call, paired in one instrumented process (runtime running): torch's own all_reduce, the
+# function Mycroft installs (the compiled hot path where built) and the Python wrapper alone, in alternating
+# blocks; per-rep differences share the machine's phase, which instrument() / uninstrument() blocks do not.
+from mycroft.instrumentation import patching
+from mycroft.instrumentation.ops import C10D_SPECS
+
+plain_fn = dist.all_reduce
+os.environ["MYCROFT_HOT_PATH"] = "1"
+instrumentor.instrument(span_exporter=Null())
+installed_fn = dist.all_reduce
+spec = next(s for s in C10D_SPECS if s.api == "all_reduce")
+wrapper_fn = patching._collective_wrapper(instrumentor._recorder, spec, plain_fn, hot_path=False)
+paired = {"plain": [], "installed": [], "python": []}
+fns = [("plain", plain_fn), ("installed", installed_fn), ("python", wrapper_fn)]
+for i in range(2 * reps):
+    for name, fn in (fns if i % 2 else fns[::-1]):
+        paired[name].append(cpu(lambda f=fn: [f(t) for _ in range(n_call)]) / n_call)
+instrumentor.uninstrument()
+
+
+def spread(a, b):
+    d = sorted(x - y for x, y in zip(a, b))
+    return {"median_ns": statistics.median(d), "q1_ns": d[len(d) // 4], "q3_ns": d[(3 * len(d)) // 4]}
+
+
 from torch._dynamo.utils import counters
 
 out = {}
@@ -185,6 +211,11 @@ for k, v in res.items():
     out[k] = {"plain_ns": statistics.median(v["plain"]), "traced_ns": statistics.median(v["traced"]),
               "added_median_ns": statistics.median(pairs), "added_min_ns": min(v["traced"]) - min(v["plain"]),
               "pairs_q1_ns": pairs[len(pairs) // 4], "pairs_q3_ns": pairs[(3 * len(pairs)) // 4]}
+out["python_call_paired"] = {"plain_ns": statistics.median(paired["plain"]),
+                             "compiled": hasattr(installed_fn, "mycroft_hot_path"),
+                             "installed": spread(paired["installed"], paired["plain"]),
+                             "python_wrapper": spread(paired["python"], paired["plain"]),
+                             "installed_vs_python": spread(paired["installed"], paired["python"])}
 out["ddp_buckets"] = buckets
 out["graph_breaks"] = sum(counters["graph_break"].values())
 out["recompiles"] = sum(counters["recompiles"].values()) if "recompiles" in counters else 0
@@ -304,6 +335,15 @@ def print_costs(per_op: dict[str, Any] | None, ab: list[dict[str, Any]]) -> None
                 print(f"  {label:<40} plain {v['plain_ns'] / 1e3:8.2f} us  traced {v['traced_ns'] / 1e3:8.2f} us  "
                       f"added {v['added_median_ns'] / 1e3:+7.2f} us [{v['pairs_q1_ns'] / 1e3:+.2f}, "
                       f"{v['pairs_q3_ns'] / 1e3:+.2f}]  min-based {v['added_min_ns'] / 1e3:+7.2f} us")
+        paired = per_op.get("python_call_paired")
+        if paired:
+            def fmt(v: dict[str, float]) -> str:
+                return f"{v['median_ns'] / 1e3:+.2f} us [{v['q1_ns'] / 1e3:+.2f}, {v['q3_ns'] / 1e3:+.2f}]"
+
+            print(f"  Python dist.all_reduce, paired in one traced process (plain {paired['plain_ns'] / 1e3:.2f} us): "
+                  f"installed ({'compiled hot path' if paired['compiled'] else 'Python wrapper'}) "
+                  f"{fmt(paired['installed'])}; Python wrapper alone {fmt(paired['python_wrapper'])}; "
+                  f"installed - wrapper {fmt(paired['installed_vs_python'])}")
         if "graph_breaks" in per_op:
             print(f"  compiled: {per_op['graph_breaks']} graph breaks, {per_op.get('recompiles')} recompiles "
                   "over the switches")

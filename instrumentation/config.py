@@ -24,6 +24,7 @@ ENV_EXPORT_DELAY = "MYCROFT_EXPORT_DELAY"
 ENV_DDP_HOOK = "MYCROFT_DDP_HOOK"
 ENV_CATCH_SIGNALS = "MYCROFT_CATCH_SIGNALS"
 ENV_NATIVE = "MYCROFT_NATIVE"
+ENV_HOT_PATH = "MYCROFT_HOT_PATH"
 ENV_COMPLETION_POLL_MS = "MYCROFT_COMPLETION_POLL_MS"
 ENV_MAX_PENDING_WORKS = "MYCROFT_MAX_PENDING_WORKS"
 ENV_OP_SPAN_SAMPLE = "MYCROFT_OP_SPAN_SAMPLE"
@@ -84,6 +85,9 @@ class MycroftConfig:
     ddp_hook: bool | None = None
     catch_signals: tuple[str, ...] = field(default=("SIGTERM",))
     native: bool = True
+    # sync collectives on host-synchronous groups recorded by the compiled hot path (_hotpath.c) where
+    # it is built; off: every call through the Python wrapper (its definition)
+    hot_path: bool = True
     completion_poll_s: float = 0.001  # device-async backends: how often pending Works are polled
     max_pending_works: int = 1024  # Works (and their tensors) held at most for completion polling
     native_linger_s: float = 0.02  # at exit: the plugin's linger + tick, waited once before its last flush
@@ -118,6 +122,7 @@ class MycroftConfig:
             else _bool(ENV_DDP_HOOK, True),
             catch_signals=signals,
             native=_bool(ENV_NATIVE, True),
+            hot_path=_bool(ENV_HOT_PATH, True),
             completion_poll_s=_float(ENV_COMPLETION_POLL_MS, 1.0, 0.05) / 1000.0,
             max_pending_works=_int(ENV_MAX_PENDING_WORKS, 1024, 1),
             trace_budget=_float(ENV_TRACE_BUDGET, DEFAULT_TRACE_BUDGET, 0.0),

@@ -105,7 +105,8 @@ class MycroftInstrumentor(BaseInstrumentor):
                 runtime.shutdown()
             recorder.groups.reset()
 
-        patching.install(self._patcher, recorder, config.ddp_hook, start_runtime, stop_runtime, entering_init)
+        patching.install(self._patcher, recorder, config.ddp_hook, start_runtime, stop_runtime, entering_init,
+                         hot_path=config.hot_path)
         if dist.is_initialized():
             start_runtime()
 

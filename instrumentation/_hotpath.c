@@ -1,0 +1,775 @@
+/* The training thread's hot path in C: one synchronous collective on a host-synchronous group.
+ *
+ * Every collective a rank issues from Python passes through patching._collective_wrapper. Its
+ * bookkeeping (find the group, read the payload and torch's seq counter, build the OpRecord, put
+ * it in flight, complete and queue it at return) costs ~6 us of CPython bytecode per call on a
+ * 2-core VM, next to a ~25 us gloo all_reduce of 4 KiB: more than users accept always on. This
+ * does the same for the common call -- a collective (not p2p) on a group whose ops are done when
+ * the call returns (gloo, any host-synchronous backend), outside any other wrapped call -- with
+ * the same Python objects (Recorder, GroupInfo, OpRecord), so everything after the queue
+ * (the runtime, spans, heartbeats) cannot tell the two apart.
+ *
+ * Whatever it does not take -- nested calls, an unknown or device-async group, any error before
+ * it touched state -- goes to the Python wrapper (the definition) with the same arguments, so a
+ * call is handled whole by one of the two. tests/instrumentation/test_hotpath.py runs the same
+ * calls both ways and compares the records and the recorder's counters.
+ *
+ * Hot(slow, original, recorder, api, op, group, payload, reduce_op, async_op, root, issues_many)(args, kwargs)
+ *   -> what original returns (the ArgRefs as ops.OpSpec has them; root: a callable or None)
+ * configure(op_record_type, group_info_type, payload_info, state_completed, state_in_flight) once, before the
+ * first Hot is made.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------ configuration */
+
+/* OpRecord's slots written here, in this order (op_record.OpRecord.__init__ writes the same) */
+enum {
+    R_API, R_ASYNC, R_BYTES, R_DEVICE, R_DTYPE, R_END, R_GROUP, R_OP, R_REDUCE, R_SEQ, R_START, R_STATE,
+    N_RECORD_SLOTS
+};
+static const char *const RECORD_SLOTS[N_RECORD_SLOTS] = {
+    "api", "async_op", "bytes", "device", "dtype", "end_ns", "group", "op", "reduce_op", "seq", "start_ns", "state",
+};
+static Py_ssize_t record_offsets[N_RECORD_SLOTS];
+static PyTypeObject *record_type;
+
+/* GroupInfo's slots read or written per call (groups.GroupInfo, a slotted dataclass) */
+enum { G_DEREF, G_DEVICE_ASYNC, G_HAS_COUNTER, G_SEQ_OF, G_P2P_DELTA, G_ISSUED, G_COMPLETED, N_GROUP_SLOTS };
+static const char *const GROUP_SLOTS[N_GROUP_SLOTS] = {
+    "deref", "device_async", "has_counter", "seq_of", "p2p_counter_delta", "issued", "completed",
+};
+static Py_ssize_t group_offsets[N_GROUP_SLOTS];
+static PyTypeObject *group_type;
+static PyObject *payload_info; /* recorder.payload_info: (bytes, dtype) of anything that is not a tensor */
+static PyObject *state_completed, *state_in_flight;
+
+/* attribute names (code, not schema keys) */
+enum {
+    A_DEPTH, A_VALUE, A_DEFAULT, A_BY_PG, A_NBYTES, A_DTYPE, A_COMM_SINCE, A_LAST_ACTIVITY, A_OPS_DONE, A_COMM_NS,
+    A_PUSH, A_QUEUE, A_QUEUE_SIZE, A_INFLIGHT, A_PER_THREAD, A_GROUPS, A_FAILED, A_ISSUED_CALL, A_COMPLETE_THROUGH,
+    A_APPEND,
+    N_ATTRS
+};
+static const char *const ATTR_NAMES[N_ATTRS] = {
+    "depth", "value", "_default", "_by_pg", "nbytes", "dtype", "comm_since_ns", "last_activity_ns", "ops_done",
+    "comm_ns", "_push", "queue", "queue_size", "inflight", "per_thread", "groups", "failed", "issued",
+    "complete_through_call", "append",
+};
+static PyObject *names[N_ATTRS];
+static PyObject *zero;
+static int configured;
+
+/* the offsets of `count` object slots of `type`, or -1 with an error */
+static int
+slot_offsets(PyObject *type, const char *const *slots, int count, Py_ssize_t *offsets)
+{
+    for (int i = 0; i < count; i++) {
+        PyObject *descr = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, slots[i]);
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) {
+            PyErr_Format(PyExc_TypeError, "configure: %s is no slot of %R", slots[i], type);
+            return -1;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "configure: slot %s of %R is not an object slot", slots[i], type);
+            return -1;
+        }
+        offsets[i] = member->offset;
+    }
+    return 0;
+}
+
+static PyObject *
+configure(PyObject *module, PyObject *args)
+{
+    PyObject *type, *groups, *info, *completed, *in_flight;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "O!O!OUU:configure", &PyType_Type, &type, &PyType_Type, &groups, &info, &completed,
+                          &in_flight))
+        return NULL;
+    if (slot_offsets(type, RECORD_SLOTS, N_RECORD_SLOTS, record_offsets) < 0 ||
+        slot_offsets(groups, GROUP_SLOTS, N_GROUP_SLOTS, group_offsets) < 0)
+        return NULL;
+    Py_INCREF(groups);
+    Py_XSETREF(group_type, (PyTypeObject *)groups);
+    for (int i = 0; i < N_ATTRS; i++) {
+        if (names[i] == NULL && (names[i] = PyUnicode_InternFromString(ATTR_NAMES[i])) == NULL)
+            return NULL;
+    }
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
+    Py_INCREF(type);
+    Py_XSETREF(record_type, (PyTypeObject *)type);
+    Py_INCREF(info);
+    Py_XSETREF(payload_info, info);
+    Py_INCREF(completed);
+    Py_XSETREF(state_completed, completed);
+    Py_INCREF(in_flight);
+    Py_XSETREF(state_in_flight, in_flight);
+    configured = 1;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ the Hot object */
+
+static inline PyObject *
+new_ref(PyObject *value)
+{
+    Py_INCREF(value);
+    return value;
+}
+
+typedef struct {
+    int present;         /* 0: the op has no such argument (ops.NO_ARG); the reduce op and the async flag
+                          * are read only by keyword-named refs, as Recorder.beginner reads them */
+    Py_ssize_t position; /* PY_SSIZE_T_MAX: keyword only */
+    PyObject *keyword;   /* str, or NULL: positional only */
+} ArgRef;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *slow;      /* the Python wrapper: takes every call this does not */
+    PyObject *root;      /* rooted ops: root(record, info, args, kwargs) sets record.root (Python); else NULL */
+    PyObject *original;  /* torch's function */
+    PyObject *recorder;
+    PyObject *api, *op;  /* str */
+    ArgRef group, payload, reduce_op, async_op;
+    int issues_many;
+    /* fixed for the recorder's lifetime, read once */
+    PyObject *per_thread, *groups, *queue, *inflight, *queue_append, *recorder_dict;
+    long long handled, delegated; /* calls taken here / handed to the Python wrapper */
+} Hot;
+
+static long long
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* what time.time_ns() reads */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* args[position] or kwargs[keyword]; a borrowed reference, NULL when absent (no error set) */
+static PyObject *
+argument(PyObject *args, PyObject *kwargs, const ArgRef *ref)
+{
+    if (ref->position < PyTuple_GET_SIZE(args))
+        return PyTuple_GET_ITEM(args, ref->position);
+    if (ref->keyword != NULL && kwargs != NULL)
+        return PyDict_GetItemWithError(kwargs, ref->keyword);
+    return NULL;
+}
+
+static int
+parse_ref(PyObject *tuple, ArgRef *ref)
+{
+    /* (position, keyword) as ops.ArgRef: position -1 with a keyword is keyword-only */
+    Py_ssize_t position;
+    PyObject *keyword;
+    if (!PyArg_ParseTuple(tuple, "nU", &position, &keyword))
+        return -1;
+    ref->present = position >= 0 || PyUnicode_GET_LENGTH(keyword) > 0;
+    ref->position = position >= 0 ? position : PY_SSIZE_T_MAX;
+    ref->keyword = PyUnicode_GET_LENGTH(keyword) > 0 ? new_ref(keyword) : NULL;
+    return 0;
+}
+
+static PyObject *hot_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static PyObject *
+hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *slow, *original, *recorder, *api, *op, *group, *payload, *reduce_op, *async_op, *root;
+    int issues_many;
+    static char *kwlist[] = {"slow", "original", "recorder", "api", "op", "group", "payload", "reduce_op",
+                             "async_op", "root", "issues_many", NULL};
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_hotpath.configure() first");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOUUO!O!O!O!Op:Hot", kwlist, &slow, &original, &recorder, &api,
+                                     &op, &PyTuple_Type, &group, &PyTuple_Type, &payload, &PyTuple_Type, &reduce_op,
+                                     &PyTuple_Type, &async_op, &root, &issues_many))
+        return NULL;
+    Hot *self = (Hot *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = hot_vectorcall;
+    Py_INCREF(slow);
+    self->slow = slow;
+    Py_INCREF(original);
+    self->original = original;
+    Py_INCREF(recorder);
+    self->recorder = recorder;
+    Py_INCREF(api);
+    self->api = api;
+    Py_INCREF(op);
+    self->op = op;
+    self->root = root == Py_None ? NULL : new_ref(root);
+    self->issues_many = issues_many;
+    if (parse_ref(group, &self->group) < 0 || parse_ref(payload, &self->payload) < 0 ||
+        parse_ref(reduce_op, &self->reduce_op) < 0 || parse_ref(async_op, &self->async_op) < 0)
+        goto fail;
+    if ((self->per_thread = PyObject_GetAttr(recorder, names[A_PER_THREAD])) == NULL ||
+        (self->groups = PyObject_GetAttr(recorder, names[A_GROUPS])) == NULL ||
+        (self->queue = PyObject_GetAttr(recorder, names[A_QUEUE])) == NULL ||
+        (self->inflight = PyObject_GetAttr(recorder, names[A_INFLIGHT])) == NULL ||
+        (self->queue_append = PyObject_GetAttr(self->queue, names[A_APPEND])) == NULL ||
+        (self->recorder_dict = PyObject_GenericGetDict(recorder, NULL)) == NULL)
+        goto fail;
+    if (!PyDict_CheckExact(self->recorder_dict)) {
+        PyErr_SetString(PyExc_TypeError, "Hot: the recorder needs an instance dict");
+        goto fail;
+    }
+    if (!PyDict_CheckExact(self->inflight)) {
+        PyErr_SetString(PyExc_TypeError, "Hot: recorder.inflight must be a dict");
+        goto fail;
+    }
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static int
+hot_traverse(Hot *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->slow);
+    Py_VISIT(self->root);
+    Py_VISIT(self->original);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->per_thread);
+    Py_VISIT(self->groups);
+    Py_VISIT(self->queue);
+    Py_VISIT(self->inflight);
+    Py_VISIT(self->queue_append);
+    Py_VISIT(self->recorder_dict);
+    return 0;
+}
+
+static int
+hot_clear(Hot *self)
+{
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->root);
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->api);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->group.keyword);
+    Py_CLEAR(self->payload.keyword);
+    Py_CLEAR(self->reduce_op.keyword);
+    Py_CLEAR(self->async_op.keyword);
+    Py_CLEAR(self->per_thread);
+    Py_CLEAR(self->groups);
+    Py_CLEAR(self->queue);
+    Py_CLEAR(self->inflight);
+    Py_CLEAR(self->queue_append);
+    Py_CLEAR(self->recorder_dict);
+    return 0;
+}
+
+static void
+hot_dealloc(Hot *self)
+{
+    PyObject_GC_UnTrack(self);
+    hot_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ------------------------------------------------------------------ small helpers */
+
+/* a GroupInfo's slot: borrowed, NULL when unset (no error set) */
+static inline PyObject *
+group_slot(PyObject *info, int slot)
+{
+    return *(PyObject **)((char *)info + group_offsets[slot]);
+}
+
+static int
+group_get_ll(PyObject *info, int slot, long long *out)
+{
+    PyObject *value = group_slot(info, slot);
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "GroupInfo.%s unset", GROUP_SLOTS[slot]);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+group_set_ll(PyObject *info, int slot, long long value)
+{
+    PyObject *number = PyLong_FromLongLong(value);
+    if (number == NULL)
+        return -1;
+    PyObject **where = (PyObject **)((char *)info + group_offsets[slot]);
+    Py_XSETREF(*where, number);
+    return 0;
+}
+
+/* the recorder's own attributes, read and written in its instance dict (no type lookup per access:
+ * Recorder defines no descriptor of these names) */
+static int
+recorder_get_ll(PyObject *dict, int name, long long *out)
+{
+    PyObject *value = PyDict_GetItemWithError(dict, names[name]);
+    if (value == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_AttributeError, "Recorder.%s unset", ATTR_NAMES[name]);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int
+recorder_set_ll(PyObject *dict, int name, long long value)
+{
+    PyObject *number = PyLong_FromLongLong(value);
+    if (number == NULL)
+        return -1;
+    int rc = PyDict_SetItem(dict, names[name], number);
+    Py_DECREF(number);
+    return rc;
+}
+
+static inline void
+set_slot(PyObject *record, int slot, PyObject *value) /* steals value */
+{
+    PyObject **where = (PyObject **)((char *)record + record_offsets[slot]);
+    Py_XSETREF(*where, value);
+}
+
+static PyObject *
+call_slow(Hot *self, PyObject *args, PyObject *kwargs)
+{
+    self->delegated++;
+    return PyObject_Call(self->slow, args, kwargs);
+}
+
+/* ------------------------------------------------------------------ begin
+
+ * What Recorder.beginner's `begin` does for this call, or NULL with no error set and no state
+ * touched when the Python wrapper must take the call (or NULL with an error: the same). */
+typedef struct {
+    PyObject *record;
+    PyObject *info;
+    long long seq, start;
+    int async_op;
+} Begun;
+
+static int
+begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
+{
+    PyObject *info = NULL, *pg = NULL, *nbytes = NULL, *dtype = NULL, *record = NULL;
+    PyObject *group = argument(args, kwargs, &self->group);
+    if (group == NULL && PyErr_Occurred())
+        return -1;
+    if (group == NULL || group == Py_None) {
+        info = PyObject_GetAttr(self->groups, names[A_DEFAULT]);
+        if (info == NULL)
+            return -1;
+        if (info == Py_None) { /* not resolved yet: the Python path resolves it */
+            Py_DECREF(info);
+            return 0;
+        }
+    } else {
+        PyObject *by_pg = PyObject_GetAttr(self->groups, names[A_BY_PG]);
+        if (by_pg == NULL)
+            return -1;
+        PyObject *key = PyLong_FromVoidPtr(group); /* id(group) */
+        if (key == NULL) {
+            Py_DECREF(by_pg);
+            return -1;
+        }
+        info = PyDict_Check(by_pg) ? PyDict_GetItemWithError(by_pg, key) : NULL;
+        Py_XINCREF(info);
+        Py_DECREF(key);
+        Py_DECREF(by_pg);
+        if (info == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+    }
+    if (Py_TYPE(info) != group_type)
+        goto delegate;
+    /* the group object behind the info: the registered one (an id can be reused) */
+    PyObject *deref = group_slot(info, G_DEREF);
+    if (deref == NULL)
+        goto delegate;
+    pg = PyObject_CallNoArgs(deref);
+    if (pg == NULL)
+        goto error;
+    if (group != NULL && group != Py_None && pg != group)
+        goto delegate;
+    /* ops that complete on the device, or a group without torch's counter: the Python path */
+    if (group_slot(info, G_DEVICE_ASYNC) != Py_False || group_slot(info, G_HAS_COUNTER) != Py_True)
+        goto delegate;
+
+    /* the payload: a tensor's bytes and dtype; anything else through payload_info */
+    if (self->payload.present) {
+        PyObject *payload = argument(args, kwargs, &self->payload);
+        if (payload == NULL && PyErr_Occurred())
+            goto error;
+        if (payload == NULL)
+            payload = Py_None;
+        nbytes = PyObject_GetAttr(payload, names[A_NBYTES]);
+        if (nbytes != NULL)
+            dtype = PyObject_GetAttr(payload, names[A_DTYPE]);
+        if (nbytes == NULL || dtype == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                goto error;
+            PyErr_Clear();
+            Py_CLEAR(nbytes);
+            PyObject *pair = PyObject_CallOneArg(payload_info, payload);
+            if (pair == NULL)
+                goto error;
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                Py_DECREF(pair);
+                goto delegate;
+            }
+            nbytes = new_ref(PyTuple_GET_ITEM(pair, 0));
+            dtype = new_ref(PyTuple_GET_ITEM(pair, 1));
+            Py_DECREF(pair);
+        }
+    } else {
+        nbytes = new_ref(zero);
+        dtype = new_ref(Py_None);
+    }
+    PyObject *reduce_op = Py_None;
+    if (self->reduce_op.keyword != NULL) {
+        reduce_op = argument(args, kwargs, &self->reduce_op);
+        if (reduce_op == NULL && PyErr_Occurred())
+            goto error;
+        if (reduce_op == NULL)
+            reduce_op = Py_None;
+    }
+    int async_op = 0;
+    if (self->async_op.keyword != NULL) {
+        PyObject *flag = argument(args, kwargs, &self->async_op);
+        if (flag == NULL && PyErr_Occurred())
+            goto error;
+        if (flag != NULL && (async_op = PyObject_IsTrue(flag)) < 0)
+            goto error;
+    }
+
+    /* the seq torch will give it: its counter, less our p2p ops' share, plus one */
+    long long start = now_ns();
+    PyObject *seq_of = group_slot(info, G_SEQ_OF);
+    if (seq_of == NULL || seq_of == Py_None)
+        goto delegate;
+    PyObject *counter_now = PyObject_CallOneArg(seq_of, pg);
+    if (counter_now == NULL) /* no counter on this backend after all: the Python path notes it */
+        goto delegate_or_error;
+    long long torch_seq = PyLong_AsLongLong(counter_now);
+    Py_DECREF(counter_now);
+    if (torch_seq == -1 && PyErr_Occurred())
+        goto delegate_or_error;
+    long long delta;
+    if (group_get_ll(info, G_P2P_DELTA, &delta) < 0)
+        goto error;
+    long long seq = torch_seq - delta + 1;
+
+    /* the record, built as OpRecord.__init__ builds it (tests compare the two) */
+    record = record_type->tp_alloc(record_type, 0);
+    if (record == NULL)
+        goto error;
+    /* a record refers to no record (group info, ints, strs, a dtype): it is in no reference cycle, so the
+     * cyclic GC need not track it. Tracked, the records waiting in the queue for the runtime were a
+     * fifth of this call's time here (every collection walked them, and promoted them to older ones). */
+    PyObject_GC_UnTrack(record);
+    PyObject *seq_obj = PyLong_FromLongLong(seq), *start_obj = PyLong_FromLongLong(start);
+    if (seq_obj == NULL || start_obj == NULL) {
+        Py_XDECREF(seq_obj);
+        Py_XDECREF(start_obj);
+        goto error;
+    }
+    set_slot(record, R_API, new_ref(self->api));
+    set_slot(record, R_OP, new_ref(self->op));
+    set_slot(record, R_GROUP, new_ref(info));
+    set_slot(record, R_SEQ, seq_obj);
+    set_slot(record, R_START, start_obj);
+    set_slot(record, R_END, new_ref(zero));
+    set_slot(record, R_DEVICE, new_ref(Py_False));
+    set_slot(record, R_BYTES, nbytes);
+    nbytes = NULL;
+    set_slot(record, R_DTYPE, dtype);
+    dtype = NULL;
+    set_slot(record, R_REDUCE, new_ref(reduce_op));
+    set_slot(record, R_ASYNC, new_ref(async_op ? Py_True : Py_False));
+    set_slot(record, R_STATE, new_ref(state_in_flight));
+    if (self->root != NULL) { /* rare (broadcast, reduce, gather, scatter): the Python helper reads the root */
+        PyObject *done = PyObject_CallFunctionObjArgs(self->root, record, info, args, kwargs ? kwargs : Py_None, NULL);
+        if (done == NULL)
+            goto error;
+        Py_DECREF(done);
+    }
+
+    /* from here on state changes: nothing below delegates */
+    if (group_set_ll(info, G_ISSUED, seq) < 0)
+        goto error;
+    if (PyDict_GET_SIZE(self->inflight) == 0 && recorder_set_ll(self->recorder_dict, A_COMM_SINCE, start) < 0)
+        goto error;
+    if (PyDict_SetItem(self->inflight, record, record) < 0)
+        goto error;
+    /* in flight now: the call is ours whatever happens next (the Python path would record it twice) */
+    if (recorder_set_ll(self->recorder_dict, A_LAST_ACTIVITY, start) < 0)
+        PyErr_Clear();
+    Py_DECREF(pg);
+    out->record = record;
+    out->info = info;
+    out->seq = seq;
+    out->start = start;
+    out->async_op = async_op;
+    return 1;
+
+delegate_or_error:
+    if (PyErr_Occurred())
+        PyErr_Clear();
+delegate:
+    Py_XDECREF(record);
+    Py_XDECREF(nbytes);
+    Py_XDECREF(dtype);
+    Py_XDECREF(pg);
+    Py_XDECREF(info);
+    return 0;
+error:
+    Py_XDECREF(record);
+    Py_XDECREF(nbytes);
+    Py_XDECREF(dtype);
+    Py_XDECREF(pg);
+    Py_XDECREF(info);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ complete: Recorder.complete(record) */
+
+static int
+complete(Hot *self, Begun *op)
+{
+    PyObject *record = op->record;
+    long long end = now_ns();
+    PyObject *end_obj = PyLong_FromLongLong(end);
+    if (end_obj == NULL)
+        return -1;
+    set_slot(record, R_END, end_obj);
+    set_slot(record, R_STATE, new_ref(state_completed));
+    long long completed;
+    if (group_get_ll(op->info, G_COMPLETED, &completed) < 0)
+        return -1;
+    if (op->seq > completed && group_set_ll(op->info, G_COMPLETED, op->seq) < 0)
+        return -1;
+    PyObject *present = PyDict_GetItemWithError(self->inflight, record);
+    if (present == NULL && PyErr_Occurred())
+        return -1;
+    if (present != NULL) {
+        if (PyDict_DelItem(self->inflight, record) < 0)
+            return -1;
+        long long done;
+        PyObject *dict = self->recorder_dict;
+        if (recorder_get_ll(dict, A_OPS_DONE, &done) < 0 || recorder_set_ll(dict, A_OPS_DONE, done + 1) < 0)
+            return -1;
+        if (PyDict_GET_SIZE(self->inflight) == 0) {
+            long long since, comm;
+            if (recorder_get_ll(dict, A_COMM_SINCE, &since) < 0)
+                return -1;
+            if (end - since > 0) {
+                if (recorder_get_ll(dict, A_COMM_NS, &comm) < 0 || recorder_set_ll(dict, A_COMM_NS, comm + (end - since)) < 0)
+                    return -1;
+            }
+        }
+    }
+    if (recorder_set_ll(self->recorder_dict, A_LAST_ACTIVITY, end) < 0)
+        return -1;
+    PyObject *result;
+    long long queue_size;
+    if (recorder_get_ll(self->recorder_dict, A_QUEUE_SIZE, &queue_size) < 0)
+        return -1;
+    if (PySequence_Size(self->queue) < queue_size)
+        result = PyObject_CallOneArg(self->queue_append, record);
+    else
+        result = PyObject_CallMethodOneArg(self->recorder, names[A_PUSH], record);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the call */
+
+static PyObject *
+set_depth(PyObject *depth, long delta)
+{
+    PyObject *value = PyObject_GetAttr(depth, names[A_VALUE]);
+    if (value == NULL)
+        return NULL;
+    long now = PyLong_AsLong(value);
+    Py_DECREF(value);
+    if (now == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *next = PyLong_FromLong(now + delta);
+    if (next == NULL)
+        return NULL;
+    int rc = PyObject_SetAttr(depth, names[A_VALUE], next);
+    Py_DECREF(next);
+    return rc < 0 ? NULL : depth;
+}
+
+/* Recorder._note_error through the Python path: count it once there, never into training */
+static void
+note_error(Hot *self, const char *where)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *result = PyObject_CallMethod(self->recorder, "_note_error", "sO", where, value ? value : Py_None);
+    if (result == NULL)
+        PyErr_Clear();
+    Py_XDECREF(result);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static PyObject *
+hot_call(Hot *self, PyObject *args, PyObject *kwargs)
+{
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0)
+        kwargs = NULL;
+    PyObject *depth = PyObject_GetAttr(self->per_thread, names[A_DEPTH]);
+    if (depth == NULL) {
+        PyErr_Clear();
+        return call_slow(self, args, kwargs);
+    }
+    PyObject *value = PyObject_GetAttr(depth, names[A_VALUE]);
+    long nesting = value != NULL ? PyLong_AsLong(value) : -1;
+    Py_XDECREF(value);
+    if (nesting != 0) { /* inside another wrapped call (or unreadable): the Python path decides */
+        PyErr_Clear();
+        Py_DECREF(depth);
+        return call_slow(self, args, kwargs);
+    }
+    Begun op = {0};
+    int begun = begin(self, args, kwargs, &op);
+    if (begun <= 0) {
+        if (begun < 0)
+            PyErr_Clear(); /* the Python path meets the same and counts it */
+        Py_DECREF(depth);
+        return call_slow(self, args, kwargs);
+    }
+    self->handled++;
+    PyObject *result = NULL;
+    if (set_depth(depth, 1) == NULL) {
+        note_error(self, "depth");
+    }
+    result = PyObject_Call(self->original, args, kwargs);
+    if (result == NULL) {
+        /* the op failed: Recorder.failed(record, exc), then the same exception goes on */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (exc != NULL && tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        PyObject *failed = PyObject_CallMethodObjArgs(self->recorder, names[A_FAILED], op.record,
+                                                      exc ? exc : Py_None, NULL);
+        if (failed == NULL)
+            PyErr_Clear();
+        Py_XDECREF(failed);
+        if (set_depth(depth, -1) == NULL)
+            PyErr_Clear();
+        PyErr_Restore(type, exc, tb);
+        goto done;
+    }
+    if (set_depth(depth, -1) == NULL)
+        note_error(self, "depth");
+    if (!op.async_op) {
+        if (complete(self, &op) < 0)
+            note_error(self, "complete");
+        if (self->issues_many) {
+            PyObject *through = PyObject_CallMethodOneArg(self->recorder, names[A_COMPLETE_THROUGH], op.record);
+            if (through == NULL)
+                note_error(self, "complete_through_call");
+            Py_XDECREF(through);
+        }
+    } else {
+        PyObject *issued = PyObject_CallMethodObjArgs(self->recorder, names[A_ISSUED_CALL], op.record, result, NULL);
+        if (issued == NULL)
+            note_error(self, "issued");
+        Py_XDECREF(issued);
+    }
+done:
+    Py_DECREF(depth);
+    Py_DECREF(op.record);
+    Py_DECREF(op.info);
+    return result;
+}
+
+static PyObject *
+hot_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Hot *self = (Hot *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL || !PyTuple_Check(args[0]) || (args[1] != Py_None && !PyDict_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "Hot(args: tuple, kwargs: dict | None)");
+        return NULL;
+    }
+    return hot_call(self, args[0], args[1] == Py_None ? NULL : args[1]);
+}
+
+static PyObject *
+hot_counts(Hot *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(LL)", self->handled, self->delegated);
+}
+
+static PyMethodDef hot_methods[] = {
+    {"counts", (PyCFunction)hot_counts, METH_NOARGS, "(calls handled here, calls handed to the Python wrapper)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HotType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mycroft.instrumentation._hotpath.Hot",
+    .tp_basicsize = sizeof(Hot),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Hot, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = hot_new,
+    .tp_traverse = (traverseproc)hot_traverse,
+    .tp_clear = (inquiry)hot_clear,
+    .tp_dealloc = (destructor)hot_dealloc,
+    .tp_methods = hot_methods,
+    .tp_doc = "One wrapped collective's fast path: call with (args, kwargs).",
+};
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(op_record_type, group_info_type, payload_info, state_completed, state_in_flight): once"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_hotpath", "The training thread's hot path for a sync collective (see the C file).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__hotpath(void)
+{
+    if (PyType_Ready(&HotType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&HotType);
+    if (PyModule_AddObject(module, "Hot", (PyObject *)&HotType) < 0) {
+        Py_DECREF(&HotType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

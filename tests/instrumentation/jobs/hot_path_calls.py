@@ -1,0 +1,79 @@
+"""A fixed sequence of torch.distributed calls on a 1-rank gloo group, recorded with the compiled hot path
+on or off (argv[1]); prints what the recorder holds afterwards as JSON (tests/instrumentation/
+test_compiled_hot_path.py compares the two). No runtime: the records stay in the queue to be read."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from mycroft.instrumentation import patching
+from mycroft.instrumentation.recorder import Recorder
+
+
+def main() -> None:
+    hot = sys.argv[1] == "1"
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    sub = dist.new_group([0])
+    recorder = Recorder(4096)
+    recorder.world_rank = 0
+    patcher = patching.Patcher()
+    patching.install(patcher, recorder, None, lambda: None, lambda: None, hot_path=hot)
+    t = torch.ones(8)
+    errors: list[str] = []
+
+    def expect_error(call: object) -> None:
+        try:
+            call()  # type: ignore[operator]
+        except Exception as exc:  # the op's own error reaches the caller, the same either way
+            errors.append(type(exc).__name__)
+
+    dist.all_reduce(t)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=sub)
+    dist.all_reduce(t, dist.ReduceOp.SUM, None, False)
+    dist.all_reduce(torch.ones(3, dtype=torch.int64), group=None)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    dist.broadcast(t, src=0)
+    dist.broadcast(t, group_src=0, group=sub)
+    dist.all_gather([torch.zeros(8)], t)
+    dist.all_gather_into_tensor(torch.zeros(8), t)
+    dist.reduce_scatter_tensor(torch.zeros(8), t)
+    dist.barrier()
+    dist.all_gather_object([None], {"nested": "all_gather inside: one record"})
+    expect_error(lambda: dist.all_gather([torch.zeros(3), torch.zeros(3)], t))  # wrong list: torch raises
+    expect_error(lambda: dist.all_reduce(t, group=object()))  # not a group: unrecorded, torch raises
+    dist.all_reduce(t)
+    deadline = time.monotonic() + 5
+    while recorder.inflight and time.monotonic() < deadline:  # the async op completes in its future's callback
+        time.sleep(0.01)
+
+    records = [{"api": r.api, "op": r.op, "group": r.group.gid, "seq": r.seq, "bytes": r.bytes,
+                "dtype": str(r.dtype), "reduce_op": str(r.reduce_op), "async_op": r.async_op, "state": r.state,
+                "root": r.root, "error": r.error.split(":")[0], "timing": r.timing, "device": r.device,
+                "timed": 0 < r.start_ns <= r.end_ns}
+               for r in recorder.queue]
+    groups = sorted((info.gid, info.issued, info.completed) for info in recorder.groups.all())
+    shims = {id(fn): fn for fn in vars(dist).values() if hasattr(fn, "mycroft_hot_path")}
+    taken = sum(fn.mycroft_hot_path.counts()[0] for fn in shims.values())
+
+    # nothing leaks per call: the tensor and the group are referenced as before after many calls
+    recorder.queue.clear()
+    before = (sys.getrefcount(t), sys.getrefcount(sub))
+    for _ in range(2000):
+        dist.all_reduce(t, group=sub)
+    recorder.queue.clear()
+    after = (sys.getrefcount(t), sys.getrefcount(sub))
+    print(json.dumps({"records": records, "groups": groups, "errors": errors, "ops_done": recorder.ops_done,
+                      "inflight": len(recorder.inflight), "recorder_errors": recorder.errors,
+                      "taken": taken, "refcounts": [before, after], "comm_ns": recorder.comm_ns > 0}))
+    patcher.uninstall()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The compiled hot path (instrumentation/_hotpath.c) against its definition, the Python wrapper.
+
+The same fixed sequence of real torch.distributed calls (1-rank gloo: positional and keyword arguments,
+a subgroup, an async op, rooted ops, list payloads, a nested call, an op torch fails, a non-group) is
+recorded once with the compiled path and once without: the records, the groups' counters and the
+recorder's counts must be the same, and the compiled path must have taken the calls it is for."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mycroft.instrumentation import patching
+
+JOB = Path(__file__).parent / "jobs" / "hot_path_calls.py"
+
+
+@functools.cache
+def _recorded(hot: bool) -> dict[str, Any]:
+    result = subprocess.run([sys.executable, str(JOB), "1" if hot else "0"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_compiled_hot_path_is_built() -> None:
+    """The set-up builds it (an optional extension: a silent build failure would leave every call slow)."""
+    assert patching._hotpath is not None
+
+
+def test_compiled_and_python_paths_record_the_same() -> None:
+    compiled, python = _recorded(hot=True), _recorded(hot=False)
+    assert compiled["taken"] >= 12  # the plain sync collectives went through C ...
+    assert python["taken"] == 0  # ... and none did with MYCROFT_HOT_PATH off
+    for key in ("records", "groups", "errors", "ops_done", "inflight", "recorder_errors", "comm_ns"):
+        assert compiled[key] == python[key], key
+    records = compiled["records"]
+    assert len(records) == 15 and all(r["timed"] for r in records)
+    assert [r["state"] for r in records].count("error") == 1  # torch's own failure, recorded, raised as before
+    assert compiled["errors"] == ["RuntimeError", "ValueError"]
+    assert compiled["recorder_errors"] == 1  # the non-group: counted, the op ran unrecorded
+    assert compiled["inflight"] == 0 and compiled["comm_ns"]
+    assert next(r for r in records if r["async_op"])["state"] == "completed"  # through the Python issued()
+    assert [r["root"] for r in records if r["op"] == "broadcast"] == [0, 0]
+
+
+def test_compiled_hot_path_keeps_no_reference() -> None:
+    before, after = _recorded(hot=True)["refcounts"]
+    assert before == after  # the tensor and the group after 2,000 calls

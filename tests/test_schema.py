@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from pathlib import Path
@@ -51,6 +52,20 @@ def test_ids_are_deterministic_and_distinct() -> None:
     assert 0 < trace < 2**128
     assert 0 < schema.rank_span_id(trace, 3) < 2**64
     assert schema.rank_span_id(trace, 3) != schema.rank_span_id(trace, 4)
+
+
+def test_trace_ids_are_the_hash_of_their_parts() -> None:
+    """The ids hash on from a cached prefix state: the same bytes as hashing the whole text (every rank and
+    every recording so far computed them that way), pinned here by value too."""
+    def whole(*parts: object) -> int:
+        text = "\x1f".join(str(part) for part in parts)
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=16).digest(), "big") or 1
+
+    for seq in (1, 2, 15, 10**12):
+        gid = "0a912f293f14942c"
+        assert schema.collective_trace_id("job-7", gid, seq) == whole("coll", "job-7", gid, seq)
+        assert schema.p2p_trace_id("job-7", "g", 3, 5, seq) == whole("p2p", "job-7", "g", 3, 5, seq)
+    assert schema.collective_trace_id("j", "g", 1) == whole("coll", "j", "g", 1) == 0xd0a2f7897d296f47098efa6b8f8885a5
 
 
 def _contract_names() -> dict[str, str]:

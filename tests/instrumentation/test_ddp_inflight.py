@@ -46,10 +46,12 @@ def test_ddp_construction_waits_in_flight_for_a_peer_still_importing(otlp_sink: 
     sink, port = otlp_sink
     job = Path(__file__).parent / "jobs" / "ddp_straggler.py"
     result = run_torchrun(job, 2, instrumented_env(port, MYCROFT_JOB_ID="ddp-slow-start", SLOW_IMPORT_RANK="1",
-                                                   SLOW_IMPORT_S="2", STRAGGLER_STEPS="3"))
+                                                   SLOW_IMPORT_S="4", STRAGGLER_STEPS="3"))
     assert result.returncode == 0, result.stderr[-3000:]
     checks = [s for s in sink.snapshot() if s.kind == schema.KIND_COLLECTIVE and s.rank == 0
               and s.attributes.get(schema.ATTR_API) == "torch.distributed._verify_params_across_processes"]
     assert len(checks) == 1, [s.attributes.get(schema.ATTR_API) for s in sink.snapshot() if s.rank == 0][:20]
     assert checks[0].attributes[schema.ATTR_OP] == schema.OP_ALL_GATHER
-    assert (checks[0].end_ns - checks[0].start_ns) / 1e9 >= 1.5  # it waited for the importing peer
+    # it waited for the importing peer: its 4 s, less what rank 0's own start-up took beyond rank 1's (up to
+    # 1.5 s on a loaded 2-core host: with a 2 s import and a 1.5 s bound, a full suite saw 1.34 s once)
+    assert (checks[0].end_ns - checks[0].start_ns) / 1e9 >= 2.5

@@ -283,6 +283,14 @@ hot_dealloc(Hot *self)
 
 /* ------------------------------------------------------------------ small helpers */
 
+/* an int's value; -1 with an error set when it is none */
+static int
+as_ll(PyObject *value, long long *out)
+{
+    *out = PyLong_AsLongLong(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* a GroupInfo's slot: borrowed, NULL when unset (no error set) */
 static inline PyObject *
 group_slot(PyObject *info, int slot)
@@ -298,8 +306,7 @@ group_get_ll(PyObject *info, int slot, long long *out)
         PyErr_Format(PyExc_AttributeError, "GroupInfo.%s unset", GROUP_SLOTS[slot]);
         return -1;
     }
-    *out = PyLong_AsLongLong(value);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return as_ll(value, out);
 }
 
 static int
@@ -324,8 +331,7 @@ recorder_get_ll(PyObject *dict, int name, long long *out)
             PyErr_Format(PyExc_AttributeError, "Recorder.%s unset", ATTR_NAMES[name]);
         return -1;
     }
-    *out = PyLong_AsLongLong(value);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return as_ll(value, out);
 }
 
 static int
@@ -354,9 +360,9 @@ call_slow(Hot *self, PyObject *args, PyObject *kwargs)
 }
 
 /* ------------------------------------------------------------------ begin
-
- * What Recorder.beginner's `begin` does for this call, or NULL with no error set and no state
- * touched when the Python wrapper must take the call (or NULL with an error: the same). */
+ *
+ * What Recorder.beginner's `begin` does for this call: 1 with `out` filled; 0, no error set and no state
+ * touched, when the Python wrapper must take the call (it meets any error of ours again and counts it). */
 typedef struct {
     PyObject *record;
     PyObject *info;
@@ -370,32 +376,18 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     PyObject *info = NULL, *pg = NULL, *nbytes = NULL, *dtype = NULL, *record = NULL;
     PyObject *group = argument(args, kwargs, &self->group);
     if (group == NULL && PyErr_Occurred())
-        return -1;
+        goto delegate;
     if (group == NULL || group == Py_None) {
-        info = PyObject_GetAttr(self->groups, names[A_DEFAULT]);
-        if (info == NULL)
-            return -1;
-        if (info == Py_None) { /* not resolved yet: the Python path resolves it */
-            Py_DECREF(info);
-            return 0;
-        }
+        info = PyObject_GetAttr(self->groups, names[A_DEFAULT]); /* None until resolved: the Python path does */
     } else {
         PyObject *by_pg = PyObject_GetAttr(self->groups, names[A_BY_PG]);
-        if (by_pg == NULL)
-            return -1;
-        PyObject *key = PyLong_FromVoidPtr(group); /* id(group) */
-        if (key == NULL) {
-            Py_DECREF(by_pg);
-            return -1;
-        }
-        info = PyDict_Check(by_pg) ? PyDict_GetItemWithError(by_pg, key) : NULL;
+        PyObject *key = by_pg != NULL ? PyLong_FromVoidPtr(group) : NULL; /* id(group) */
+        info = key != NULL && PyDict_Check(by_pg) ? PyDict_GetItemWithError(by_pg, key) : NULL;
         Py_XINCREF(info);
-        Py_DECREF(key);
-        Py_DECREF(by_pg);
-        if (info == NULL)
-            return PyErr_Occurred() ? -1 : 0;
+        Py_XDECREF(key);
+        Py_XDECREF(by_pg);
     }
-    if (Py_TYPE(info) != group_type)
+    if (info == NULL || Py_TYPE(info) != group_type)
         goto delegate;
     /* the group object behind the info: the registered one (an id can be reused) */
     PyObject *deref = group_slot(info, G_DEREF);
@@ -403,7 +395,7 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
         goto delegate;
     pg = PyObject_CallNoArgs(deref);
     if (pg == NULL)
-        goto error;
+        goto delegate;
     if (group != NULL && group != Py_None && pg != group)
         goto delegate;
     /* ops that complete on the device, or a group without torch's counter: the Python path */
@@ -414,7 +406,7 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     if (self->payload.present) {
         PyObject *payload = argument(args, kwargs, &self->payload);
         if (payload == NULL && PyErr_Occurred())
-            goto error;
+            goto delegate;
         if (payload == NULL)
             payload = Py_None;
         nbytes = PyObject_GetAttr(payload, names[A_NBYTES]);
@@ -422,12 +414,12 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
             dtype = PyObject_GetAttr(payload, names[A_DTYPE]);
         if (nbytes == NULL || dtype == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-                goto error;
+                goto delegate;
             PyErr_Clear();
             Py_CLEAR(nbytes);
             PyObject *pair = PyObject_CallOneArg(payload_info, payload);
             if (pair == NULL)
-                goto error;
+                goto delegate;
             if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
                 Py_DECREF(pair);
                 goto delegate;
@@ -444,7 +436,7 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     if (self->reduce_op.keyword != NULL) {
         reduce_op = argument(args, kwargs, &self->reduce_op);
         if (reduce_op == NULL && PyErr_Occurred())
-            goto error;
+            goto delegate;
         if (reduce_op == NULL)
             reduce_op = Py_None;
     }
@@ -452,9 +444,9 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     if (self->async_op.keyword != NULL) {
         PyObject *flag = argument(args, kwargs, &self->async_op);
         if (flag == NULL && PyErr_Occurred())
-            goto error;
+            goto delegate;
         if (flag != NULL && (async_op = PyObject_IsTrue(flag)) < 0)
-            goto error;
+            goto delegate;
     }
 
     /* the seq torch will give it: its counter, less our p2p ops' share, plus one */
@@ -464,20 +456,20 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
         goto delegate;
     PyObject *counter_now = PyObject_CallOneArg(seq_of, pg);
     if (counter_now == NULL) /* no counter on this backend after all: the Python path notes it */
-        goto delegate_or_error;
+        goto delegate;
     long long torch_seq = PyLong_AsLongLong(counter_now);
     Py_DECREF(counter_now);
     if (torch_seq == -1 && PyErr_Occurred())
-        goto delegate_or_error;
+        goto delegate;
     long long delta;
     if (group_get_ll(info, G_P2P_DELTA, &delta) < 0)
-        goto error;
+        goto delegate;
     long long seq = torch_seq - delta + 1;
 
     /* the record, built as OpRecord.__init__ builds it (tests compare the two) */
     record = record_type->tp_alloc(record_type, 0);
     if (record == NULL)
-        goto error;
+        goto delegate;
     /* a record refers to no record (group info, ints, strs, a dtype): it is in no reference cycle, so the
      * cyclic GC need not track it. Tracked, the records waiting in the queue for the runtime were a
      * fifth of this call's time here (every collection walked them, and promoted them to older ones). */
@@ -486,7 +478,7 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     if (seq_obj == NULL || start_obj == NULL) {
         Py_XDECREF(seq_obj);
         Py_XDECREF(start_obj);
-        goto error;
+        goto delegate;
     }
     set_slot(record, R_API, new_ref(self->api));
     set_slot(record, R_OP, new_ref(self->op));
@@ -505,17 +497,17 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     if (self->root != NULL) { /* rare (broadcast, reduce, gather, scatter): the Python helper reads the root */
         PyObject *done = PyObject_CallFunctionObjArgs(self->root, record, info, args, kwargs ? kwargs : Py_None, NULL);
         if (done == NULL)
-            goto error;
+            goto delegate;
         Py_DECREF(done);
     }
 
     /* from here on state changes: nothing below delegates */
     if (group_set_ll(info, G_ISSUED, seq) < 0)
-        goto error;
+        goto delegate;
     if (PyDict_GET_SIZE(self->inflight) == 0 && recorder_set_ll(self->recorder_dict, A_COMM_SINCE, start) < 0)
-        goto error;
+        goto delegate;
     if (PyDict_SetItem(self->inflight, record, record) < 0)
-        goto error;
+        goto delegate;
     /* in flight now: the call is ours whatever happens next (the Python path would record it twice) */
     if (recorder_set_ll(self->recorder_dict, A_LAST_ACTIVITY, start) < 0)
         PyErr_Clear();
@@ -527,23 +519,14 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     out->async_op = async_op;
     return 1;
 
-delegate_or_error:
-    if (PyErr_Occurred())
-        PyErr_Clear();
 delegate:
+    PyErr_Clear();
     Py_XDECREF(record);
     Py_XDECREF(nbytes);
     Py_XDECREF(dtype);
     Py_XDECREF(pg);
     Py_XDECREF(info);
     return 0;
-error:
-    Py_XDECREF(record);
-    Py_XDECREF(nbytes);
-    Py_XDECREF(dtype);
-    Py_XDECREF(pg);
-    Py_XDECREF(info);
-    return -1;
 }
 
 /* ------------------------------------------------------------------ complete: Recorder.complete(record) */
@@ -654,10 +637,7 @@ hot_call(Hot *self, PyObject *args, PyObject *kwargs)
         return call_slow(self, args, kwargs);
     }
     Begun op = {0};
-    int begun = begin(self, args, kwargs, &op);
-    if (begun <= 0) {
-        if (begun < 0)
-            PyErr_Clear(); /* the Python path meets the same and counts it */
+    if (!begin(self, args, kwargs, &op)) {
         Py_DECREF(depth);
         return call_slow(self, args, kwargs);
     }

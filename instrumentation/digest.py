@@ -27,7 +27,9 @@ class SignatureDigests:
         if seq <= 0:
             return
         block = schema.digest_block(seq)
-        blocks = self._open.setdefault(group_id, {})
+        blocks = self._open.get(group_id)
+        if blocks is None:  # (setdefault would build a dict per op)
+            blocks = self._open[group_id] = {}
         acc = blocks.get(block)
         if acc is None:
             if len(blocks) >= MAX_OPEN_BLOCKS:

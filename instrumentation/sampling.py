@@ -73,6 +73,10 @@ class Stream:
     levels: dict[int, int] = field(default_factory=dict)  # epoch -> its level (recent ones)
     epoch: int = -1  # the newest epoch whose level is set
     level: int = 0
+    # the last decided epoch and its keep threshold (schema.keep_threshold): the other seqs of an
+    # epoch, nearly every op, are then decided without level_of (TraceBudget.keep's first lines)
+    decided_epoch: int = -1
+    threshold: int = 0
 
     def level_of(self, epoch: int, allowance: float) -> int | None:
         """The level of `epoch` (None: older than what is remembered)."""
@@ -112,12 +116,20 @@ class TraceBudget:
              end_ns: int) -> bool:
         """Whether this op's span is sent; counts the answer."""
         counts = self.counts
+        s = self.streams.get(stream)
+        if (s is not None and seq % EPOCH and seq // EPOCH == s.decided_epoch and state == schema.STATE_COMPLETED
+                and end_ns - start_ns < self.keep_slow_ns):
+            # the common op: completed in time, in the epoch decided last, not a rate mark
+            if trace_id & schema.TRACE_ID_LOW_BITS < s.threshold:
+                counts.kept += 1
+                return True
+            counts.sampled_out += 1
+            return False
         if state != schema.STATE_COMPLETED or (end_ns and end_ns - start_ns >= self.keep_slow_ns):
             counts.anomalies += 1
             return True
         probability = self.ratio
         if self.allowance != math.inf:
-            s = self.streams.get(stream)
             if s is None:
                 # no rate measured yet: kept whole, unless the budget is none at all
                 s = self.streams[stream] = Stream(level=MAX_LEVEL if self.allowance <= 0.0 else 0)
@@ -128,6 +140,7 @@ class TraceBudget:
                 counts.anomalies += 1
                 return True
             probability = min(probability, keep_probability(level))
+            s.decided_epoch, s.threshold = seq // EPOCH, schema.keep_threshold(probability)
         if schema.keep_trace(trace_id, probability):
             counts.kept += 1
             return True

@@ -66,6 +66,9 @@ def test_trace_ids_are_the_hash_of_their_parts() -> None:
         assert schema.collective_trace_id("job-7", gid, seq) == whole("coll", "job-7", gid, seq)
         assert schema.p2p_trace_id("job-7", "g", 3, 5, seq) == whole("p2p", "job-7", "g", 3, 5, seq)
     assert schema.collective_trace_id("j", "g", 1) == whole("coll", "j", "g", 1) == 0xd0a2f7897d296f47098efa6b8f8885a5
+    of_seq = schema.collective_trace_ids("job-7", "0a912f293f14942c")  # the runtime's per-group form
+    for seq in (1, 2, 15, 10**12, 0, -3):
+        assert of_seq(seq) == schema.collective_trace_id("job-7", "0a912f293f14942c", seq)
 
 
 def _contract_names() -> dict[str, str]:

@@ -51,3 +51,41 @@ def test_compiled_and_python_paths_record_the_same() -> None:
 def test_compiled_hot_path_keeps_no_reference() -> None:
     before, after = _recorded(hot=True)["refcounts"]
     assert before == after  # the tensor and the group after 2,000 calls
+
+
+def test_compiled_work_wait_counts_the_thread_inside_and_keeps_the_outcome() -> None:
+    """_hotpath.Wait, installed as torch's Work.wait: binds like a method, hands every argument on,
+    `waiters` is one longer exactly while the original runs, and the original's error reaches the caller."""
+    import collections
+
+    import pytest
+
+    compiled = patching._hotpath
+    assert compiled is not None
+    waiters: collections.deque[None] = collections.deque()
+    seen: list[tuple[Any, ...]] = []
+
+    def original(work: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((work, args, kwargs, len(waiters)))
+        if kwargs.get("fail"):
+            raise TimeoutError("the wait timed out")
+        return "done"
+
+    class Work:
+        wait = compiled.Wait(original, waiters)
+
+    work = Work()
+    assert work.wait() == "done" and work.wait(5, timeout=2.0) == "done"
+    assert Work.wait(work) == "done"  # through the class, as torch's own code may call it
+    with pytest.raises(TimeoutError, match="timed out"):
+        work.wait(fail=True)
+    assert seen == [(work, (), {}, 1), (work, (5,), {"timeout": 2.0}, 1), (work, (), {}, 1),
+                    (work, (), {"fail": True}, 1)]
+    assert len(waiters) == 0
+
+
+def test_torch_work_wait_is_the_compiled_one_while_instrumented() -> None:
+    """With the hot path on, torch's Work.wait is the compiled one (a real Work binds it as a method; no
+    waiter left after the job's waits) and uninstall puts torch's back (the job asserts it)."""
+    assert _recorded(hot=True)["work_wait"] == ["Wait", "method", 0, 0]
+    assert _recorded(hot=False)["work_wait"] == ["function", "method", 0, 0]

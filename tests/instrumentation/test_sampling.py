@@ -134,3 +134,31 @@ def test_no_budget_and_a_fixed_share() -> None:
             want.append(seq)
     assert got == want and 0.27 < len(got) / 5000 < 0.33
     assert budget.streams == {}  # no rate bookkeeping without a budget
+
+
+def test_the_decided_epoch_shortcut_decides_as_the_full_rule() -> None:
+    """TraceBudget.keep decides most ops from the stream's last decided epoch (its first lines): on a
+    made-up feed with rate changes, late and out-of-order completions, failures and slow ops, over
+    two streams, it answers and counts exactly as the full rule (the shortcut forgotten before each op)."""
+    rng = random.Random(11)
+    shortcut, full = TraceBudget(64.0, 4), TraceBudget(64.0, 4)
+    feed: list[tuple[tuple[str, int, int], int, str, int, int]] = []
+    t_ns = 10**12
+    seqs = {"a": 0, "b": 0}
+    for step in range(20_000):
+        gid = "a" if rng.random() < 0.7 else "b"
+        seqs[gid] += 1
+        t_ns += int(1e9 / (50 if (step // 3000) % 2 else 4000))  # the rate moves between phases
+        state = schema.STATE_COMPLETED if rng.random() > 0.003 else schema.STATE_ERROR
+        took = 2_000_000_000 if rng.random() < 0.002 else 20_000
+        feed.append(((gid, -1, -1), seqs[gid], state, t_ns - took, t_ns))
+    for i in range(0, len(feed) - 40, 97):  # some ops complete late, a few very late
+        j = i + (rng.randrange(1, 40) if i % 5 else rng.randrange(200, 400) % (len(feed) - i))
+        feed[i], feed[j] = feed[j], feed[i]
+    for stream, seq, state, start, end in feed:
+        trace = schema.collective_trace_id(JOB, stream[0], seq)
+        for s in full.streams.values():
+            s.decided_epoch = -1
+        assert shortcut.keep(trace, stream, seq, state, start, end) == full.keep(trace, stream, seq, state, start, end)
+    assert shortcut.counts == full.counts
+    assert shortcut.counts.sampled_out > 1000 and shortcut.counts.kept > 100 and shortcut.counts.anomalies > 50

@@ -21,6 +21,8 @@ def main() -> None:
     sub = dist.new_group([0])
     recorder = Recorder(4096)
     recorder.world_rank = 0
+    work_type = torch._C._distributed_c10d.Work
+    torch_wait = work_type.__dict__["wait"]
     patcher = patching.Patcher()
     patching.install(patcher, recorder, None, lambda: None, lambda: None, hot_path=hot)
     t = torch.ones(8)
@@ -37,6 +39,7 @@ def main() -> None:
     dist.all_reduce(t, dist.ReduceOp.SUM, None, False)
     dist.all_reduce(torch.ones(3, dtype=torch.int64), group=None)
     work = dist.all_reduce(t, async_op=True)
+    installed_wait = type(work_type.__dict__["wait"]).__name__, type(work.wait).__name__, recorder.waiting
     work.wait()
     dist.broadcast(t, src=0)
     dist.broadcast(t, group_src=0, group=sub)
@@ -70,8 +73,10 @@ def main() -> None:
     after = (sys.getrefcount(t), sys.getrefcount(sub))
     print(json.dumps({"records": records, "groups": groups, "errors": errors, "ops_done": recorder.ops_done,
                       "inflight": len(recorder.inflight), "recorder_errors": recorder.errors,
-                      "taken": taken, "refcounts": [before, after], "comm_ns": recorder.comm_ns > 0}))
+                      "taken": taken, "refcounts": [before, after], "comm_ns": recorder.comm_ns > 0,
+                      "work_wait": [*installed_wait, recorder.waiting]}))
     patcher.uninstall()
+    assert work_type.__dict__["wait"] is torch_wait
     dist.destroy_process_group()
 
 

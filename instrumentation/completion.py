@@ -28,6 +28,7 @@ import time
 from typing import Any, Protocol
 
 from mycroft.instrumentation.op_record import OpRecord
+from mycroft.instrumentation.thread_names import name_this_thread
 
 from mycroft import schema
 
@@ -150,6 +151,7 @@ class CompletionTracker:
         return not any(self._queues.values())
 
     def _run(self) -> None:
+        name_this_thread("mycroft-complete")
         while not self._stop.is_set():
             if self._idle():
                 self._wake.clear()

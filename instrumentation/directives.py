@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mycroft.instrumentation.thread_names import name_this_thread
+
 log = logging.getLogger("mycroft.instrumentation")
 
 ENV_CONTROL_ENDPOINT = "MYCROFT_CONTROL_ENDPOINT"
@@ -174,6 +176,7 @@ class DirectiveWatcher:
 
     # ------------------------------------------------------------------ the host's poller
     def _poll_loop(self) -> None:
+        name_this_thread("mycroft-directiv")
         while not self._stop.is_set():
             try:
                 directive = self.poll_once()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mycroft.instrumentation.thread_names import name_this_thread
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -177,6 +178,7 @@ class Shipper:
                            "dropping and counting. Training is not affected.")
 
     def _run(self) -> None:
+        name_this_thread("mycroft-export")
         while True:
             with self._wake:
                 if not self._queue and not self._stopping:

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mycroft.instrumentation.thread_names import name_this_thread
 from opentelemetry.sdk.resources import Resource
 
 from mycroft import schema
@@ -183,6 +184,7 @@ class StartupReporter:
         self._send(time.time_ns())
 
     def _run(self) -> None:
+        name_this_thread("mycroft-startup")
         self._send(time.time_ns())  # the first heartbeat at once: a rank that never arrives is known
         while not self._stop.wait(self.interval_s):
             with contextlib.suppress(Exception):

@@ -851,14 +851,166 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * attributes(attributes, pieces, cached, uncached, cached_ints, cache_max) -> bytes: a span's
+ * attribute fields (Span.attributes, 9) for mycroft.otlp_wire.WireEncoder.span, the ranks' encoder.
+ *
+ * The same loop as WireEncoder.span's Python one, on the same cache: a (key, value) found in
+ * `pieces` with the value's type is its cached piece; a plain int (the seq, the bytes, the
+ * values that change per op) is written here, as otlp_wire._varint writes it, and cached below
+ * `cached_ints` as WireEncoder._attribute does; anything else is the Python definition's:
+ * `cached((key, value))` for a miss of another type or an int past int64, `uncached(...)` for an
+ * unhashable value or an equal value of another type (1 and True).
+ * tests/test_otlp_wire.py compares both on made-up spans.
+ * --------------------------------------------------------------------------------------- */
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_put(Buf *b, const void *src, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap * 2 : 1024;
+        while (cap < b->len + n) cap *= 2;
+        char *grown = PyMem_Realloc(b->data, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+static Py_ssize_t varint_put(uint8_t *out, uint64_t v) {
+    Py_ssize_t n = 0;
+    while (v >= 0x80) {
+        out[n++] = (uint8_t)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    out[n++] = (uint8_t)v;
+    return n;
+}
+
+/* KeyValue{key, value: AnyValue{int_value}} as an attribute field: 0x4A len [0x0A len key] [0x12 len [0x18 varint]] */
+static PyObject *int_piece(PyObject *key, long long value) {
+    Py_ssize_t key_len;
+    const char *key_utf8 = PyUnicode_AsUTF8AndSize(key, &key_len);
+    if (key_utf8 == NULL) return NULL;
+    uint8_t number[10], any[12], head[24];
+    Py_ssize_t number_len = varint_put(number, (uint64_t)value); /* negatives: ten bytes, two's complement */
+    any[0] = 0x18;
+    memcpy(any + 1, number, number_len);
+    Py_ssize_t any_len = 1 + number_len;
+    uint8_t key_head[11];
+    key_head[0] = 0x0A;
+    Py_ssize_t key_head_len = 1 + varint_put(key_head + 1, (uint64_t)key_len);
+    Py_ssize_t kv_len = key_head_len + key_len + 2 + any_len; /* any_len < 0x80: one length byte */
+    head[0] = 0x4A;
+    Py_ssize_t head_len = 1 + varint_put(head + 1, (uint64_t)kv_len);
+    PyObject *piece = PyBytes_FromStringAndSize(NULL, head_len + kv_len);
+    if (piece == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(piece);
+    memcpy(p, head, head_len);
+    p += head_len;
+    memcpy(p, key_head, key_head_len);
+    p += key_head_len;
+    memcpy(p, key_utf8, key_len);
+    p += key_len;
+    *p++ = 0x12;
+    *p++ = (char)any_len;
+    memcpy(p, any, any_len);
+    return piece;
+}
+
+/* The piece of one (key, value); a new reference, NULL with an exception set. */
+static PyObject *attribute_piece(PyObject *key, PyObject *value, PyObject *pieces, PyObject *cached,
+                                 PyObject *uncached, long long cached_ints, Py_ssize_t cache_max) {
+    PyObject *item = PyTuple_Pack(2, key, value);
+    if (item == NULL) return NULL;
+    PyObject *piece = NULL;
+    PyObject *slow = cached; /* a miss: encoded and cached as WireEncoder._attribute does */
+    PyObject *entry = PyDict_GetItemWithError(pieces, item); /* borrowed */
+    if (entry == NULL && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto done;
+        PyErr_Clear(); /* unhashable (a list): encoded each time */
+        slow = uncached;
+    } else if (entry != NULL) {
+        if (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+            PyTuple_GET_ITEM(entry, 0) == (PyObject *)Py_TYPE(value) && PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 1))) {
+            piece = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+            goto done;
+        }
+        slow = uncached; /* an equal value of another type (1 and True): encoded, the cache left as it is */
+    } else if (PyLong_CheckExact(value) && PyUnicode_Check(key)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (v == -1 && PyErr_Occurred()) goto done;
+        if (!overflow) {
+            piece = int_piece(key, v);
+            if (piece != NULL && v >= -1 && v < cached_ints && PyDict_GET_SIZE(pieces) < cache_max) {
+                PyObject *cached = PyTuple_Pack(2, (PyObject *)&PyLong_Type, piece);
+                if (cached == NULL || PyDict_SetItem(pieces, item, cached) < 0) Py_CLEAR(piece);
+                Py_XDECREF(cached);
+            }
+            goto done;
+        }
+    }
+    piece = PyObject_CallOneArg(slow, item);
+    if (piece != NULL && !PyBytes_Check(piece)) {
+        PyErr_SetString(PyExc_TypeError, "attributes: cached() / uncached() must return bytes");
+        Py_CLEAR(piece);
+    }
+done:
+    Py_DECREF(item);
+    return piece;
+}
+
+static PyObject *attributes(PyObject *self, PyObject *args) {
+    PyObject *attrs, *pieces, *cached, *uncached;
+    long long cached_ints;
+    Py_ssize_t cache_max;
+    if (!PyArg_ParseTuple(args, "O!O!OOLn:attributes", &PyDict_Type, &attrs, &PyDict_Type, &pieces, &cached,
+                          &uncached, &cached_ints, &cache_max))
+        return NULL;
+    Buf out = {NULL, 0, 0};
+    Py_ssize_t position = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(attrs, &position, &key, &value)) {
+        Py_INCREF(key);
+        Py_INCREF(value); /* slow() may run Python code that changes the dict's entries */
+        PyObject *piece = attribute_piece(key, value, pieces, cached, uncached, cached_ints, cache_max);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (piece == NULL || buf_put(&out, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece)) < 0) {
+            Py_XDECREF(piece);
+            PyMem_Free(out.data);
+            return NULL;
+        }
+        Py_DECREF(piece);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(out.data ? out.data : "", out.len);
+    PyMem_Free(out.data);
+    return result;
+}
+
+PyDoc_STRVAR(attributes_doc,
+             "attributes(attributes, pieces, cached, uncached, cached_ints, cache_max) -> bytes: a span's attribute fields "
+             "(mycroft.otlp_wire.WireEncoder.span).");
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, decode_doc},
+    {"attributes", attributes, METH_VARARGS, attributes_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mycroft._otlp_fast",
-    "The RCA receivers' compiled OTLP traces decoder (see mycroft/otlp.py, DecodeCache.decode).", -1, methods,
+    "Compiled OTLP wire helpers: the RCA receivers' traces decoder (mycroft/otlp.py, DecodeCache.decode) and the "
+    "ranks' span attribute encoder (mycroft/otlp_wire.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

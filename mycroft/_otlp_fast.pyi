@@ -12,3 +12,6 @@ def decode(payload: bytes, memo: Memo, volatile_keys: frozenset[str],
            miss: Callable[[bytes], tuple[str, Any]], resource_bytes: Callable[[bytes], dict[str, Any]],
            record_type: type, max_attributes: int, resources: Memo,
            template_name: str | None = None) -> tuple[list[Any], int] | None: ...
+
+def attributes(attributes: dict[str, Any], pieces: dict[Any, Any], cached: Callable[[Any], bytes],
+               uncached: Callable[[Any], bytes], cached_ints: int, cache_max: int) -> bytes: ...

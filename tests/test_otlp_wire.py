@@ -84,3 +84,35 @@ def test_an_empty_batch_and_a_bare_resource() -> None:
     assert _ours([], _encoder(bare)) == ExportTraceServiceRequest.FromString(_encoder(bare).request([]))
     one = _mixed(4)[:1]
     assert _ours(one, _encoder(bare)) == _library(one, bare)
+
+
+def test_the_compiled_attribute_loop_writes_the_python_loops_bytes() -> None:
+    """WireEncoder.span's attribute loop in C (mycroft/_otlp_fast.c) against its Python definition, byte
+    for byte and cache entry for cache entry: every value type, ints at each varint and int64 edge and
+    past it, values equal across types under one key, unhashable lists, non-ASCII keys, cache hits
+    (second pass) and a full cache."""
+    import mycroft.otlp_wire as wire
+
+    assert wire._compiled_attributes is not None  # the set-up builds it
+    rng = random.Random(5)
+    edges = [0, 1, 127, 128, 16383, 16384, wire._CACHED_INTS - 1, wire._CACHED_INTS, 2**31, 2**63 - 1, 2**63,
+             2**64 - 1, 2**64, 2**70, -1, -2, -(2**63), -(2**63) - 1]
+    values: list[object] = [*edges, True, False, 0.0, -0.0, 1.5, "", "x", "ünï", [1, 2], ["a"], [], b"\x00"]
+    spans = []
+    for i in range(400):
+        attributes = {f"k{rng.randrange(6)}": rng.choice(values) for _ in range(rng.randrange(0, 12))}
+        attributes["seq"] = rng.choice(edges) + i
+        attributes["clé"] = rng.choice(values)
+        spans.append(SpanRecord(trace_id=i + 1, span_id=i + 2, name="op", start_ns=i, end_ns=i + 5,
+                                attributes=attributes))
+    compiled, python = _encoder(), _encoder()
+    python.compiled = None
+    for _ in range(2):
+        assert [compiled.span(s) for s in spans] == [python.span(s) for s in spans]
+    assert compiled._pieces == python._pieces
+    full_c, full_py = _encoder(), _encoder()
+    full_py.compiled = None
+    for encoder in (full_c, full_py):  # past the cache's size new pieces are encoded each time
+        encoder._pieces.update({("filler", n): (int, b"") for n in range(wire._CACHE_MAX)})
+    assert [full_c.span(s) for s in spans] == [full_py.span(s) for s in spans]
+    assert len(full_c._pieces) == len(full_py._pieces) == wire._CACHE_MAX

@@ -384,8 +384,12 @@ def digest_block(seq: int) -> int:
 
 
 def rank_span_id(trace_id: int, rank: int, salt: str = "") -> int:
-    """Deterministic span id of one rank's span in a trace (retries dedupe downstream)."""
-    return int.from_bytes(_digest("span", trace_id, rank, salt)[:8], "big") or 1
+    """Deterministic span id of one rank's span in a trace (retries dedupe downstream).
+
+    `_digest("span", trace_id, rank, salt)`'s bytes, formatted as bytes directly (one per op span a rank
+    sends: 1.5 -> 0.8 us)."""
+    text = b"span\x1f%d\x1f%d\x1f" % (trace_id, rank) + salt.encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=16).digest()[:8], "big") or 1
 
 
 def keep_trace(trace_id: int, ratio: float) -> bool:

@@ -52,6 +52,9 @@ def test_ids_are_deterministic_and_distinct() -> None:
     assert 0 < trace < 2**128
     assert 0 < schema.rank_span_id(trace, 3) < 2**64
     assert schema.rank_span_id(trace, 3) != schema.rank_span_id(trace, 4)
+    for trace_id, rank, salt in ((trace, 3, ""), (1, 0, "fr"), (2**128 - 1, 16383, "ünï"), (5, -1, "x\x1fy")):
+        whole = hashlib.blake2b("\x1f".join(map(str, ("span", trace_id, rank, salt))).encode(), digest_size=16)
+        assert schema.rank_span_id(trace_id, rank, salt) == (int.from_bytes(whole.digest()[:8], "big") or 1)
 
 
 def test_trace_ids_are_the_hash_of_their_parts() -> None:

@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from mycroft.instrumentation.thread_names import name_this_thread
 
 

@@ -57,6 +57,10 @@ class AnalysisConfig:
     hang_min_s: float = 1.0
     hang_factor: float = 6.0
     hang_max_s: float = 120.0
+    # a group's first collectives do not teach that p95: they wait for ranks still arriving, compiling or
+    # setting up communicators (a compiled TP job whose only Python-timed ops were its start-up ones
+    # learned a 2.5 s threshold from them and named its blocked rank after 2.6-2.9 s instead of ~1 s)
+    hang_warmup_seqs: int = 16
     # start-up: ranks waiting in rendezvous (init_process_group) for ranks that are not there name
     # those (a warning) once the wait lasts max(startup_min_s, startup_spread_factor * the spread of
     # the waiting ranks' arrivals): ranks that arrived together and then wait name the absent one in

@@ -590,7 +590,7 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
         rec.ends[rank.rank] = record.end_ns / 1e9
         duration = max(0.0, (record.end_ns - record.start_ns) / 1e9)
         group.durations.append(duration)
-        if a.get(schema.ATTR_TIMING) not in _LATE_ENDS:
+        if a.get(schema.ATTR_TIMING) not in _LATE_ENDS and seq > cfg.hang_warmup_seqs:
             group.timed.append(duration)
         if _advance(rank.completed, gid, seq):
             job.last_progress_at = received_at

@@ -306,3 +306,22 @@ def test_a_link_stalled_under_async_ops_is_still_a_link() -> None:
     apply_records(jobs, [heartbeat("job", r, 4, t, 1, [g], [19], [16], ops) for r in range(4)], t, CFG)
     findings = analyze_job(jobs["job"], t + 0.1, CFG)
     assert findings and findings[0].root_causes[0].kind == "link", [f.text for f in findings]
+
+
+def test_a_groups_first_collectives_do_not_raise_the_hang_threshold() -> None:
+    """A compiled TP job's only Python-timed ops were its start-up ones (ranks still arriving and
+    compiling: waits of up to ~0.4 s); the threshold learned 2.5 s from them and its blocked rank was
+    named after 2.6-2.9 s. The first hang_warmup_seqs of a group teach nothing; later ones do."""
+    from mycroft.rca_service.analysis.triggers import hang_threshold
+
+    g = Group("tp", (0, 1, 2, 3))
+    t = 900.0
+    start_up = [collective("job", r, 4, g, seq, t + seq, t + seq + 0.1 * r)  # rank r waited 0.1 * r s
+                for seq in range(1, CFG.hang_warmup_seqs + 1) for r in range(4)]
+    jobs: dict[str, JobState] = {}
+    apply_records(jobs, start_up, t + 30, CFG)
+    assert hang_threshold(jobs["job"], CFG) == CFG.hang_min_s
+    steady = [collective("job", r, 4, g, seq, t + seq, t + seq + 0.4)
+              for seq in range(CFG.hang_warmup_seqs + 1, CFG.hang_warmup_seqs + 5) for r in range(4)]
+    apply_records(jobs, steady, t + 60, CFG)
+    assert hang_threshold(jobs["job"], CFG) == pytest.approx(CFG.hang_factor * 0.4)

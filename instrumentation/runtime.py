@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
@@ -55,7 +54,6 @@ log = logging.getLogger("mycroft.instrumentation")
 JOB_ID_STORE_KEY = "mycroft/job_id"
 NATIVE_HOLD_S = 3.0  # native records of a communicator wait this long for its group mapping
 FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.06 ms each) and new-group scans
-MAX_TRACE_ID_GROUPS = 4096  # _drain_ops' per-group trace-id functions kept
 ENTRY_DUMP_GAP_S = 1.0  # at most one entries dump (~50 ms at 2,000 entries) per this many seconds
 RUN_ID_STORE_KEY = "mycroft/run_id"
 def negotiate_job_id(configured: str | None) -> str:
@@ -154,8 +152,6 @@ class Runtime:
         # which op spans are sent (MYCROFT_TRACE_BUDGET, MYCROFT_OP_SPAN_SAMPLE); its counts go in heartbeats
         self.budget = TraceBudget(config.trace_budget, self.world_size, config.op_span_sample, config.keep_slow_s)
         self._digests = SignatureDigests()  # what the RCA compares when op spans are sampled
-        # group id -> (job id, its collective trace-id function, its budget stream), for _drain_ops
-        self._trace_ids: dict[str, tuple[str, Callable[[int], int], tuple[str, int, int]]] = {}
         self._last_hb_ns = time.time_ns()
         self._stop = threading.Event()
         # held by the runtime thread for each step: final() (a signal handler, atexit, uninstrument) waits
@@ -320,9 +316,9 @@ class Runtime:
             return
         spans: list[SpanRecord] = []
         # per record, on this thread, holding the GIL the training thread waits for: what is looked up
-        # per op (the digest, the group's trace-id function, its stream key) is looked up once here
+        # per op (the budget, the digests, the groups' trace-id functions) is looked up once here
         keep, add_digest, job_id = self.budget.keep, self._digests.add, self.job_id
-        p2p_ops, trace_ids, popleft = schema.P2P_OPS, self._trace_ids, queue.popleft
+        p2p_ops, trace_ids, popleft = schema.P2P_OPS, schema.collective_trace_ids, queue.popleft
         for _ in range(len(queue)):
             try:
                 record = popleft()
@@ -337,12 +333,7 @@ class Runtime:
                 add_digest(gid, record.seq, record.op, record.bytes, readable(dtype) if dtype is not None else "")
                 if record.device:
                     self._py_ops.append(PyOp(gid, record.seq, record.op, record.start_ns, record.call_end_ns))
-                known = trace_ids.get(gid)
-                if known is None or known[0] != job_id:
-                    if len(trace_ids) >= MAX_TRACE_ID_GROUPS:  # groups made and dropped by the thousand
-                        trace_ids.clear()
-                    known = trace_ids[gid] = (job_id, schema.collective_trace_ids(job_id, gid), (gid, -1, -1))
-                trace_id, stream = known[1](record.seq), known[2]
+                trace_id, stream = trace_ids(job_id, gid)(record.seq), (gid, -1, -1)
             if keep(trace_id, stream, record.seq, record.state, record.start_ns, record.end_ns):
                 spans.append(op_span(record, job_id, self.rank, trace_id=trace_id))
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies

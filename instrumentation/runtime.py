@@ -52,10 +52,35 @@ from mycroft.otlp import AttrValue, SpanRecord
 log = logging.getLogger("mycroft.instrumentation")
 
 JOB_ID_STORE_KEY = "mycroft/job_id"
+RUN_ID_STORE_KEY = "mycroft/run_id"
 NATIVE_HOLD_S = 3.0  # native records of a communicator wait this long for its group mapping
 FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.06 ms each) and new-group scans
-ENTRY_DUMP_GAP_S = 1.0  # at most one entries dump (~50 ms at 2,000 entries) per this many seconds
-RUN_ID_STORE_KEY = "mycroft/run_id"
+# An entries dump holds the GIL (~16 ms at torch's 2,000 entries, several times that on a loaded
+# machine): at most one per ENTRY_DUMP_GAP_S, and no more than ENTRY_DUMP_SHARE of the time (up to
+# ENTRY_DUMP_GAP_MAX_S apart, so that a hang after a dump is still named in time)
+ENTRY_DUMP_GAP_S = 1.0
+ENTRY_DUMP_SHARE = 0.02
+ENTRY_DUMP_GAP_MAX_S = 4.0
+# a host-synchronous op (gloo) no Python call of ours issued is looked up once it stayed open this long:
+# a healthy C++ op (a DDP bucket) ends before; a stuck one is named well before the RCA's 1 s hang minimum
+HOST_SYNC_OPEN_S = 0.5
+
+
+def entry_dump_due(unknown_open: list[tuple[bool, float]], now_s: float, not_before_s: float) -> bool:
+    """Whether to read the Flight Recorder's entries for collectives no Python call of ours issued,
+    given each one's (device_async, first seen open at): on a device-async group at once (NCCL's
+    active entries are few), on a host-synchronous one once it stayed open HOST_SYNC_OPEN_S."""
+    if now_s < not_before_s:
+        return False
+    return any(device_async or now_s - seen_s >= HOST_SYNC_OPEN_S for device_async, seen_s in unknown_open)
+
+
+def next_entry_dump(now_s: float, last_cost_s: float) -> float:
+    """When the next entries read may come: ENTRY_DUMP_GAP_S after this one, longer where a read costs
+    more than ENTRY_DUMP_SHARE of that (it holds the GIL), never over ENTRY_DUMP_GAP_MAX_S."""
+    return now_s + min(ENTRY_DUMP_GAP_MAX_S, max(ENTRY_DUMP_GAP_S, last_cost_s / ENTRY_DUMP_SHARE))
+
+
 def negotiate_job_id(configured: str | None) -> str:
     """The job id every rank agrees on: configured, else set once in the c10d store."""
     if configured:
@@ -432,8 +457,8 @@ class Runtime:
         flight in the heartbeats like any op, and its span (mycroft.source = flight_recorder)
         ends when the frontier passes it. On device-async groups (NCCL) the entries are read at
         once (onlyActive is small there); on host-synchronous ones (gloo, whose entries never
-        retire) only once such a seq stayed open across two frontier reads, at most once per
-        ENTRY_DUMP_GAP_S: a healthy job's C++ ops finish long before.
+        retire) only once such a seq stayed open HOST_SYNC_OPEN_S: a healthy job's C++ ops finish
+        long before. Dumps are spaced by their own cost (ENTRY_DUMP_SHARE).
         """
         recorder = self.recorder
         for key, record in list(self._fr_ops.items()):
@@ -461,14 +486,14 @@ class Runtime:
         self._unknown_open = seen
         if not unknown:
             return
-        ripe = any(info.device_async or now_s - seen[(info.gid, seq)] >= FRONTIER_PERIOD_S * 0.9
-                   for info, seq in unknown)
-        if not ripe or now_s < self._next_entry_dump:
+        if not entry_dump_due([(info.device_async, seen[(info.gid, seq)]) for info, seq in unknown], now_s,
+                              self._next_entry_dump):
             return
-        self._next_entry_dump = now_s + ENTRY_DUMP_GAP_S
+        entries = self._frontier.read_active()
+        self._next_entry_dump = next_entry_dump(time.monotonic(), self._frontier.entry_read_s)
         by_name = {info.name: info for info, _ in unknown}
         wanted = {(info.gid, seq) for info, seq in unknown}
-        for entry in self._frontier.read_active():
+        for entry in entries:
             info = by_name.get(entry.group)
             if info is None or (info.gid, entry.seq) not in wanted:
                 continue

@@ -4,10 +4,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.groups import GroupInfo
+from mycroft.instrumentation.runtime import (
+    ENTRY_DUMP_GAP_MAX_S,
+    ENTRY_DUMP_GAP_S,
+    ENTRY_DUMP_SHARE,
+    HOST_SYNC_OPEN_S,
+    entry_dump_due,
+    next_entry_dump,
+)
 
 
 def _status(enqueued: int, completed: int) -> dict[str, str]:
@@ -75,3 +87,52 @@ def test_gloo_frontier_leaves_out_the_counter_positions_p2p_ops_took() -> None:
 def test_no_p2p_no_change() -> None:
     info = _gloo()
     assert info.collective_frontier(12, 10) == (12, 10)
+
+
+def test_a_host_synchronous_op_is_looked_up_once_it_stayed_open_a_device_op_at_once() -> None:
+    now = 100.0
+    assert entry_dump_due([(True, now)], now, 0.0)  # NCCL: its active entries are few
+    assert not entry_dump_due([(False, now - HOST_SYNC_OPEN_S / 2)], now, 0.0)  # a DDP bucket still running
+    assert entry_dump_due([(False, now - HOST_SYNC_OPEN_S / 2), (False, now - HOST_SYNC_OPEN_S)], now, 0.0)
+    assert not entry_dump_due([(True, now)], now, now + 0.1)  # spaced from the last read
+    assert not entry_dump_due([], now, 0.0)
+
+
+def test_entries_reads_are_spaced_by_what_they_cost_within_bounds() -> None:
+    assert next_entry_dump(10.0, 0.001) == 10.0 + ENTRY_DUMP_GAP_S
+    assert next_entry_dump(10.0, 0.05) == pytest.approx(10.0 + 0.05 / ENTRY_DUMP_SHARE)  # 2% of the time
+    assert next_entry_dump(10.0, 5.0) == 10.0 + ENTRY_DUMP_GAP_MAX_S  # a hang after it is still named
+
+
+_GLOO_DUMPS = r"""
+import dataclasses, json, sys
+import torch, torch.distributed as dist
+from mycroft.instrumentation.flight_recorder import parse_active, parse_pg_ids, parse_pg_status, pickled_dump
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+tp = dist.new_group([0], group_desc="TP")
+for i in range(30):
+    dist.all_reduce(torch.ones(8 + i))
+    dist.broadcast(torch.ones(3, dtype=torch.float64), 0, group=tp)
+c10d = torch._C._distributed_c10d
+out = {}
+for name, dump in (("json", c10d._dump_fr_trace_json), ("pickled", pickled_dump(c10d._dump_fr_trace))):
+    out[name] = {"status": parse_pg_status(dump(False, False)), "ids": parse_pg_ids(dump(True, False)),
+                 "active": [list(map(str, dataclasses.astuple(e))) for e in parse_active(dump(True, True))]}
+print(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def test_the_pickled_dump_reads_as_the_json_one_on_real_gloo(tmp_path: Path) -> None:
+    """The generic dump is read pickled without stack traces (a fraction of the JSON one's GIL time):
+    the same frontier, group names and entries as the JSON dump of the same Flight Recorder."""
+    from tests.conftest import free_port
+
+    result = subprocess.run([sys.executable, "-c", _GLOO_DUMPS, str(free_port())], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["pickled"] == out["json"]
+    assert out["json"]["ids"] == {"0": "0", "1": "1"} and out["json"]["status"]["1"] == [30, 30]
+    ops = {(e[0], e[2], e[4]) for e in out["json"]["active"]}  # gloo's entries stay "scheduled"
+    assert ("0", "all_reduce", "float") in ops and ("1", "broadcast", "double") in ops

@@ -7,18 +7,17 @@ funcol's own autograd, coalesced blocks (allreduce_coalesced, `_coalescing_manag
 ProcessGroup records each one in its Flight Recorder, on every backend torch 2.13 ships
 (gloo and NCCL; the CPU simulator plays NCCL's), and keeps per group the last enqueued /
 started / completed collective seq (`pg_status`). Reading only that part is small
-(~0.06 ms), so it costs the training thread nothing: the runtime thread reads it a few
+(~0.01 ms), so it costs the training thread nothing: the runtime thread reads it a few
 times a second. A seq enqueued but not completed that no Python call of ours issued came
-from one of those issuers; an entries dump (~50 ms at torch's default 2,000 entries, so
-taken only when such an op stays open) names it: op, size, dtype, enqueue time.
+from one of those issuers; an entries dump (below; taken only when such an op stays open)
+names it: op, size, dtype, enqueue time.
 
 Dumps: `_dump_fr_trace` (every backend but NCCL; pickled, read without stack traces) and
 `_dump_nccl_trace_json` (NCCL, whose completed seq is advanced by ProcessGroupNCCL's watchdog,
 ~100 ms behind the device). A dump holds the GIL (the training thread waits for it): with
 torch's 2,000 entries the JSON dump with stack traces took 70 ms here and 0.3-1 s on a loaded
-machine; the pickled one without them 16 ms. Gloo never
-retires entries (state stays "scheduled"), so `onlyActive` does not filter there (and costs
-twice the time): the frontier does.
+machine; the pickled one without them 16 ms. Gloo never retires entries (state stays
+"scheduled"), so `onlyActive` does not filter there (and costs twice the time): the frontier does.
 """
 
 from __future__ import annotations

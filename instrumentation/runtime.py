@@ -54,7 +54,7 @@ log = logging.getLogger("mycroft.instrumentation")
 JOB_ID_STORE_KEY = "mycroft/job_id"
 RUN_ID_STORE_KEY = "mycroft/run_id"
 NATIVE_HOLD_S = 3.0  # native records of a communicator wait this long for its group mapping
-FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.06 ms each) and new-group scans
+FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.01 ms each) and new-group scans
 # An entries dump holds the GIL (~16 ms at torch's 2,000 entries, several times that on a loaded
 # machine): at most one per ENTRY_DUMP_GAP_S, and no more than ENTRY_DUMP_SHARE of the time (up to
 # ENTRY_DUMP_GAP_MAX_S apart, so that a hang after a dump is still named in time)

@@ -78,7 +78,7 @@ class MycroftConfig:
     stack_depth: int = 8
     queue_size: int = 65536
     export_batch: int = 512
-    export_delay_s: float = 0.2
+    export_delay_s: float = 1.0
     # DDP's gradient all-reduce through the tracer: True, False, or None (auto: on for host-
     # synchronous backends such as gloo; off for NCCL-like ones, where a Python hook costs tens
     # of us per bucket and the Flight Recorder's frontier covers the C++ all-reduce instead)
@@ -117,7 +117,7 @@ class MycroftConfig:
             stack_depth=_int(ENV_STACK_DEPTH, 8),
             queue_size=_int(ENV_QUEUE_SIZE, 65536, 16),
             export_batch=_int(ENV_EXPORT_BATCH, 512),
-            export_delay_s=_float(ENV_EXPORT_DELAY, 0.2, 0.0),
+            export_delay_s=_float(ENV_EXPORT_DELAY, 1.0, 0.0),
             ddp_hook=None if os.environ.get(ENV_DDP_HOOK, "auto").strip().lower() in ("", "auto")
             else _bool(ENV_DDP_HOOK, True),
             catch_signals=signals,

@@ -13,12 +13,16 @@ import pytest
 from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.groups import GroupInfo
 from mycroft.instrumentation.runtime import (
+    BUSY_TICK_S,
     ENTRY_DUMP_GAP_MAX_S,
     ENTRY_DUMP_GAP_S,
     ENTRY_DUMP_SHARE,
+    FRONTIER_PERIOD_S,
     HOST_SYNC_OPEN_S,
+    IDLE_TICK_S,
     entry_dump_due,
     next_entry_dump,
+    runtime_tick_s,
 )
 
 
@@ -102,6 +106,15 @@ def test_entries_reads_are_spaced_by_what_they_cost_within_bounds() -> None:
     assert next_entry_dump(10.0, 0.001) == 10.0 + ENTRY_DUMP_GAP_S
     assert next_entry_dump(10.0, 0.05) == pytest.approx(10.0 + 0.05 / ENTRY_DUMP_SHARE)  # 2% of the time
     assert next_entry_dump(10.0, 5.0) == 10.0 + ENTRY_DUMP_GAP_MAX_S  # a hang after it is still named
+
+
+def test_the_runtime_wakes_often_only_while_it_polls_a_completion_and_never_past_a_heartbeat() -> None:
+    assert runtime_tick_s(False, 1.0, 1.0) == IDLE_TICK_S  # nothing pending: fewer, fuller drains
+    assert runtime_tick_s(True, 1.0, 1.0) == BUSY_TICK_S  # a gloo p2p Work: its span ends when it is seen
+    assert BUSY_TICK_S < IDLE_TICK_S <= FRONTIER_PERIOD_S  # an idle tick still reads every frontier in time
+    assert runtime_tick_s(False, 1.0, 0.03) == pytest.approx(0.03)  # the heartbeat goes out on time
+    assert runtime_tick_s(False, 0.2, 1.0) == pytest.approx(0.05)  # a short interval: 4 ticks per heartbeat
+    assert runtime_tick_s(True, 1.0, -0.5) > 0  # a late heartbeat: wake at once, do not spin
 
 
 _GLOO_DUMPS = r"""

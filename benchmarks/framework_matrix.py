@@ -261,9 +261,25 @@ def ab_ratio(framework: str, steps: int, block: int, grpc_port: int) -> dict[str
                     log.read_text(errors="replace")[-2000:]}
         plain, traced, ratio, pairs = ab_times_ratio(Path(out), block)
         cpu_plain, cpu_traced, cpu_ratio, cpu_pairs = ab_times_ratio(Path(out), block, "cpu")
+        telemetry = telemetry_share(Path(out))
     return {"framework": framework, "steps": steps, "block": block, "plain_ms": plain * 1e3,
             "traced_ms": traced * 1e3, "ratio": ratio, "pair_ratios": pairs, "cpu_plain_ms": cpu_plain * 1e3,
-            "cpu_traced_ms": cpu_traced * 1e3, "cpu_ratio": cpu_ratio, "cpu_pair_ratios": cpu_pairs}
+            "cpu_traced_ms": cpu_traced * 1e3, "cpu_ratio": cpu_ratio, "cpu_pair_ratios": cpu_pairs, **telemetry}
+
+
+def telemetry_share(out: Path) -> dict[str, float]:
+    """The telemetry threads' CPU in the traced blocks (framework_jobs' telemetry-<rank>.txt), as a share of
+    the process's CPU and in ms per second of wall time, per rank: what the background costs, per thread,
+    free of the step-to-step noise that the process's CPU per step carries."""
+    used = cpu = wall = 0.0
+    for path in out.glob("telemetry-*.txt"):
+        for line in path.read_text().split("\n"):
+            if line.strip():
+                block_used, block_cpu, block_wall = (float(v) for v in line.split())
+                used, cpu, wall = used + block_used, cpu + block_cpu, wall + block_wall
+    if not cpu or not wall:
+        return {}
+    return {"telemetry_share": used / cpu, "telemetry_ms_per_s": used / wall * 1e3}
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -365,6 +381,9 @@ def print_costs(per_op: dict[str, Any] | None, ab: list[dict[str, Any]]) -> None
             print(f"    {'':<18} process CPU per step: plain {r['cpu_plain_ms']:.2f} ms, traced "
                   f"{r['cpu_traced_ms']:.2f} ms, ratio {r['cpu_ratio']:.3f}; block pairs median "
                   f"{statistics.median(cpu):.3f} [{min(cpu):.2f}-{max(cpu):.2f}]")
+        if "telemetry_share" in r:
+            print(f"    {'':<18} telemetry threads (Mycroft's, gRPC's) in the traced blocks: "
+                  f"{r['telemetry_share'] * 100:.2f}% of the process's CPU, {r['telemetry_ms_per_s']:.2f} ms/s a rank")
 
 
 def _git() -> dict[str, Any]:

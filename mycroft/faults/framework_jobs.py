@@ -723,13 +723,36 @@ FRAMEWORKS: dict[str, type[Framework]] = {
 }
 # worlds a framework needs (exactly 4: 2x2 meshes and TP 2 x DP 2)
 NEEDS_FOUR = ("fsdp2_hsdp", "mesh2d", "megatron_coalescing")
+# the telemetry threads of a rank: Mycroft's own, and gRPC's (in these jobs only Mycroft's exporter uses gRPC)
+TELEMETRY_THREADS = ("mycroft", "event_engine", "grpc")
+
+
+def telemetry_cpu_ns() -> dict[str, int]:
+    """CPU so far of each of this process's telemetry threads, by tid (schedstat: ns-exact, per thread,
+    where the process's CPU per step cannot tell whose time it is)."""
+    out: dict[str, int] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as handle:
+                if not handle.read().startswith(TELEMETRY_THREADS):
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as handle:
+                out[tid] = int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return out
 
 
 class _AB:
     """--ab-block B: every B steps every rank switches the instrumentation off or on (between two
     barriers), so traced and plain blocks of steps share the machine's noise; the first 2 steps
     after a switch are not counted. Step times go to <ab-out>/steps-<rank>-{traced,plain}.txt, the
-    process's CPU time per step to cpu-<rank>-{traced,plain}.txt."""
+    process's CPU time per step to cpu-<rank>-{traced,plain}.txt, and per traced block the CPU of the
+    telemetry threads, the process's CPU and the wall time (seconds) to telemetry-<rank>.txt."""
 
     def __init__(self, args: argparse.Namespace, job: Framework) -> None:
         from mycroft.instrumentation.instrumentor import MycroftInstrumentor
@@ -740,6 +763,20 @@ class _AB:
         # the process's CPU per step (every thread: training, gloo's, Mycroft's): on a machine with fewer
         # cores than ranks, wall time is mostly the scheduler's; CPU time is what tracing costs
         self.cpu: dict[str, list[float]] = {"traced": [], "plain": []}
+        self.telemetry: list[tuple[float, float, float]] = []
+        self._block_began: tuple[dict[str, int], float, float] | None = None
+
+    def _begin_traced_block(self) -> None:
+        self._block_began = (telemetry_cpu_ns(), time.process_time(), time.perf_counter())
+
+    def _end_traced_block(self) -> None:
+        """Before uninstrument(): its threads' CPU is only readable while they live."""
+        if self._block_began is None:
+            return
+        threads, cpu, wall = self._block_began
+        self._block_began = None
+        used = sum(ns - threads.get(tid, 0) for tid, ns in telemetry_cpu_ns().items())
+        self.telemetry.append((used / 1e9, time.process_time() - cpu, time.perf_counter() - wall))
 
     def mode(self, step: int) -> str:
         return "traced" if ((step - 1) // self.block) % 2 == 0 else "plain"
@@ -753,12 +790,17 @@ class _AB:
         if self.mode(step) == "traced" and not on:
             self.instrumentor.instrument()
         elif self.mode(step) == "plain" and on:
+            self._end_traced_block()
             self.instrumentor.uninstrument()
         else:
             dist.barrier()
+            if self.mode(step) == "traced" and self._block_began is None:
+                self._begin_traced_block()  # the first block: instrumented since the start
             return
         self.job.rewrap()
         dist.barrier()
+        if self.mode(step) == "traced":
+            self._begin_traced_block()
 
     def record(self, step: int, seconds: float, cpu_seconds: float) -> None:
         if (step - 1) % self.block >= 2:
@@ -766,6 +808,9 @@ class _AB:
             self.cpu[self.mode(step)].append(cpu_seconds)
 
     def write(self, rank: int) -> None:
+        self._end_traced_block()
+        Path(self.out, f"telemetry-{rank}.txt").write_text(
+            "\n".join(f"{used:.6f} {cpu:.6f} {wall:.6f}" for used, cpu, wall in self.telemetry))
         for prefix, table in (("steps", self.times), ("cpu", self.cpu)):
             for mode, values in table.items():
                 Path(self.out, f"{prefix}-{rank}-{mode}.txt").write_text("\n".join(f"{t:.7f}" for t in values))

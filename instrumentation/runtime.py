@@ -65,8 +65,9 @@ ENTRY_DUMP_GAP_MAX_S = 4.0
 # a healthy C++ op (a DDP bucket) ends before; a stuck one is named well before the RCA's 1 s hang minimum
 HOST_SYNC_OPEN_S = 0.5
 # The runtime thread wakes every BUSY_TICK_S while an op's completion is being polled (its span's end
-# time is the poll's), else every IDLE_TICK_S: each wake costs ~100 us cold, and spans drained in fewer,
-# fuller batches cost a third as much per op (docs/instrumentation.md, "The steady remainder")
+# time is the poll's), else every IDLE_TICK_S (= FRONTIER_PERIOD_S): each wake costs ~100 us cold, and
+# spans drained in fewer, fuller batches cost half as much per op (docs/instrumentation.md, "Fewer,
+# fuller ticks")
 BUSY_TICK_S = 0.05
 IDLE_TICK_S = 0.25
 
@@ -327,11 +328,11 @@ class Runtime:
             os._exit(128 + caught[0])
 
     def _polling(self) -> bool:
-        """Whether an op's completion waits on this thread's next look (its span ends when it is seen)."""
-        recorder = self.recorder
-        return bool(recorder.pending_works or recorder.funcol_pending or recorder.funcol_device
-                    or recorder.failures_pending or self._fr_ops
-                    or recorder.completion.workless_groups())
+        """Whether an op waits on this thread's next look to end with its time (`polled`: a gloo Work
+        without a future, its span ends when it is seen), or a failure to ship at once. Ends noticed
+        after the fact (`inferred`, `flight_recorder`: functional collectives, C++ ops, released Works)
+        are late by nature and the RCA reads them so: the frontier's period is theirs."""
+        return bool(self.recorder.pending_works or self.recorder.failures_pending)
 
     def _step(self) -> None:
         if self._directives is not None:

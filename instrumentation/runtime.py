@@ -65,11 +65,10 @@ ENTRY_DUMP_GAP_MAX_S = 4.0
 # a healthy C++ op (a DDP bucket) ends before; a stuck one is named well before the RCA's 1 s hang minimum
 HOST_SYNC_OPEN_S = 0.5
 # The runtime thread wakes every BUSY_TICK_S while an op's completion is being polled (its span's end
-# time is the poll's), else every IDLE_TICK_S (= FRONTIER_PERIOD_S): each wake costs ~100 us cold, and
-# spans drained in fewer, fuller batches cost half as much per op (docs/instrumentation.md, "Fewer,
-# fuller ticks")
+# time is the poll's), else once per frontier read: each wake costs ~100 us cold, and spans drained in
+# fewer, fuller batches cost half as much per op (docs/instrumentation.md, "Fewer, fuller ticks")
 BUSY_TICK_S = 0.05
-IDLE_TICK_S = 0.25
+IDLE_TICK_S = FRONTIER_PERIOD_S
 
 
 def entry_dump_due(unknown_open: list[tuple[bool, float]], now_s: float, not_before_s: float) -> bool:

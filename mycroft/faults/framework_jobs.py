@@ -765,6 +765,7 @@ class _AB:
         self.cpu: dict[str, list[float]] = {"traced": [], "plain": []}
         self.telemetry: list[tuple[float, float, float]] = []
         self._block_began: tuple[dict[str, int], float, float] | None = None
+        self._begin_traced_block()  # the first block is traced: instrumented since the start
 
     def _begin_traced_block(self) -> None:
         self._block_began = (telemetry_cpu_ns(), time.process_time(), time.perf_counter())
@@ -794,8 +795,6 @@ class _AB:
             self.instrumentor.uninstrument()
         else:
             dist.barrier()
-            if self.mode(step) == "traced" and self._block_began is None:
-                self._begin_traced_block()  # the first block: instrumented since the start
             return
         self.job.rewrap()
         dist.barrier()

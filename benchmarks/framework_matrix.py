@@ -88,7 +88,7 @@ def plan_rows(frameworks: list[str], launchers: list[str], cross: bool) -> list[
 
 # ------------------------------------------------------------------------------------------ per-op cost
 PER_OP = r'''
-import gc, json, os, statistics, sys, tempfile, time
+import gc, json, os, random, statistics, sys, tempfile, time
 import torch, torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -195,7 +195,46 @@ fns = [("plain", plain_fn), ("installed", installed_fn), ("python", wrapper_fn)]
 for i in range(2 * reps):
     for name, fn in (fns if i % 2 else fns[::-1]):
         paired[name].append(cpu(lambda f=fn: [f(t) for _ in range(n_call)]) / n_call)
+
+# The same, interleaved call by call in a shuffled order, each call timed alone (thread CPU): a call's cost
+# swings 2x with the VM's phase from one block to the next, and calls next to each other in time share it,
+# so the difference of each quantile is the steadiest in-situ figure. And the hot path alone after a real
+# collective: a no-op in torch's place, wrapped and not (what Mycroft adds with the caches as a collective
+# leaves them; the same no-op called back to back is the warm figure).
+def noop(tensor, op=None, group=None, async_op=False):
+    return None
+
+
+noop_installed = patching._collective_wrapper(instrumentor._recorder, spec, noop, hot_path=True)
+clock = time.thread_time_ns
+each = {"plain": [], "installed": [], "noop": [], "noop_installed": []}
+order = [("plain", plain_fn), ("installed", installed_fn)]
+rng = random.Random(reps)
+for i in range(4 * n_call):
+    rng.shuffle(order)
+    for name, fn in order:
+        begun = clock()
+        fn(t)
+        each[name].append(clock() - begun)
+    for name, fn in (("noop", noop), ("noop_installed", noop_installed)):
+        plain_fn(t)
+        begun = clock()
+        fn(t)
+        each[name].append(clock() - begun)
+warm = {"noop": [], "noop_installed": []}
+for i in range(4 * n_call):
+    for name, fn in (("noop", noop), ("noop_installed", noop_installed)):
+        begun = clock()
+        fn(t)
+        warm[name].append(clock() - begun)
 instrumentor.uninstrument()
+
+
+def quantile_gaps(a, b):
+    a, b = sorted(a), sorted(b)
+    at = lambda v, q: v[int(q * (len(v) - 1))]
+    return {"q25_ns": at(a, .25) - at(b, .25), "median_ns": at(a, .5) - at(b, .5), "q75_ns": at(a, .75) - at(b, .75),
+            "plain_median_ns": at(b, .5)}
 
 
 def spread(a, b):
@@ -219,6 +258,10 @@ out["python_call_paired"] = {"plain_ns": statistics.median(paired["plain"]),
                              "installed": spread(paired["installed"], paired["plain"]),
                              "python_wrapper": spread(paired["python"], paired["plain"]),
                              "installed_vs_python": spread(paired["installed"], paired["python"])}
+out["python_call_interleaved"] = {"installed": quantile_gaps(each["installed"], each["plain"]),
+                                  "hot_path_cold": quantile_gaps(each["noop_installed"], each["noop"]),
+                                  "hot_path_warm": quantile_gaps(warm["noop_installed"], warm["noop"]),
+                                  "calls": 4 * n_call}
 out["ddp_buckets"] = buckets
 out["graph_breaks"] = sum(counters["graph_break"].values())
 out["recompiles"] = sum(counters["recompiles"].values()) if "recompiles" in counters else 0
@@ -364,6 +407,15 @@ def print_costs(per_op: dict[str, Any] | None, ab: list[dict[str, Any]]) -> None
                   f"installed ({'compiled hot path' if paired['compiled'] else 'Python wrapper'}) "
                   f"{fmt(paired['installed'])}; Python wrapper alone {fmt(paired['python_wrapper'])}; "
                   f"installed - wrapper {fmt(paired['installed_vs_python'])}")
+        inter = per_op.get("python_call_interleaved")
+        if inter:
+            def gaps(v: dict[str, float]) -> str:
+                return f"{v['median_ns'] / 1e3:+.2f} us [{v['q25_ns'] / 1e3:+.2f}, {v['q75_ns'] / 1e3:+.2f}]"
+
+            print(f"  Python dist.all_reduce, interleaved call by call ({inter['calls']} each, plain "
+                  f"{inter['installed']['plain_median_ns'] / 1e3:.2f} us): installed {gaps(inter['installed'])} "
+                  f"(median, quartiles); the hot path alone after a collective {gaps(inter['hot_path_cold'])}, "
+                  f"back to back {gaps(inter['hot_path_warm'])}")
         if "graph_breaks" in per_op:
             print(f"  compiled: {per_op['graph_breaks']} graph breaks, {per_op.get('recompiles')} recompiles "
                   "over the switches")

@@ -14,10 +14,11 @@
  * call is handled whole by one of the two. tests/instrumentation/test_hotpath.py runs the same
  * calls both ways and compares the records and the recorder's counters.
  *
- * Hot(slow, original, recorder, api, op, group, payload, reduce_op, async_op, root, issues_many)(args, kwargs)
- *   -> what original returns (the ArgRefs as ops.OpSpec has them; root: a callable or None)
- * configure(op_record_type, group_info_type, payload_info, state_completed, state_in_flight) once, before the
- * first Hot is made.
+ * Hot(slow, original, recorder, api, op, group, payload, reduce_op, async_op, root, issues_many[, compiler])(args,
+ *   kwargs) -> what original returns (the ArgRefs as ops.OpSpec has them; root: a callable or None; compiler:
+ *   torch.compiler, whose _is_compiling_flag sends a call straight to original as is_compiling() would)
+ * configure(op_record_type, group_info_type, depth_type, payload_info, state_completed, state_in_flight) once,
+ * before the first Hot is made.
  * Wait(original, waiters): torch's Work.wait with Recorder.waiters kept (see below).
  */
 #define PY_SSIZE_T_CLEAN
@@ -45,20 +46,22 @@ static const char *const GROUP_SLOTS[N_GROUP_SLOTS] = {
 };
 static Py_ssize_t group_offsets[N_GROUP_SLOTS];
 static PyTypeObject *group_type;
+/* recorder._Depth: a thread's nesting depth, its `value` slot read and written in place */
+static PyTypeObject *depth_type;
+static Py_ssize_t depth_value_offset;
 static PyObject *payload_info; /* recorder.payload_info: (bytes, dtype) of anything that is not a tensor */
 static PyObject *state_completed, *state_in_flight;
 
 /* attribute names (code, not schema keys) */
 enum {
-    A_DEPTH, A_VALUE, A_DEFAULT, A_BY_PG, A_NBYTES, A_DTYPE, A_COMM_SINCE, A_LAST_ACTIVITY, A_OPS_DONE, A_COMM_NS,
+    A_DEPTH, A_DEFAULT, A_BY_PG, A_NBYTES, A_DTYPE, A_COUNTERS,
     A_PUSH, A_QUEUE, A_QUEUE_SIZE, A_INFLIGHT, A_PER_THREAD, A_GROUPS, A_FAILED, A_ISSUED_CALL, A_COMPLETE_THROUGH,
-    A_APPEND,
+    A_APPEND, A_COMPILING_FLAG,
     N_ATTRS
 };
 static const char *const ATTR_NAMES[N_ATTRS] = {
-    "depth", "value", "_default", "_by_pg", "nbytes", "dtype", "comm_since_ns", "last_activity_ns", "ops_done",
-    "comm_ns", "_push", "queue", "queue_size", "inflight", "per_thread", "groups", "failed", "issued",
-    "complete_through_call", "append",
+    "depth", "_default", "_by_pg", "nbytes", "dtype", "counters", "_push", "queue", "queue_size", "inflight", "per_thread", "groups", "failed", "issued",
+    "complete_through_call", "append", "_is_compiling_flag",
 };
 static PyObject *names[N_ATTRS];
 static PyObject *zero;
@@ -87,14 +90,18 @@ slot_offsets(PyObject *type, const char *const *slots, int count, Py_ssize_t *of
 static PyObject *
 configure(PyObject *module, PyObject *args)
 {
-    PyObject *type, *groups, *info, *completed, *in_flight;
+    PyObject *type, *groups, *depth, *info, *completed, *in_flight;
+    static const char *const DEPTH_SLOTS[1] = {"value"};
     (void)module;
-    if (!PyArg_ParseTuple(args, "O!O!OUU:configure", &PyType_Type, &type, &PyType_Type, &groups, &info, &completed,
-                          &in_flight))
+    if (!PyArg_ParseTuple(args, "O!O!O!OUU:configure", &PyType_Type, &type, &PyType_Type, &groups, &PyType_Type,
+                          &depth, &info, &completed, &in_flight))
         return NULL;
     if (slot_offsets(type, RECORD_SLOTS, N_RECORD_SLOTS, record_offsets) < 0 ||
-        slot_offsets(groups, GROUP_SLOTS, N_GROUP_SLOTS, group_offsets) < 0)
+        slot_offsets(groups, GROUP_SLOTS, N_GROUP_SLOTS, group_offsets) < 0 ||
+        slot_offsets(depth, DEPTH_SLOTS, 1, &depth_value_offset) < 0)
         return NULL;
+    Py_INCREF(depth);
+    Py_XSETREF(depth_type, (PyTypeObject *)depth);
     Py_INCREF(groups);
     Py_XSETREF(group_type, (PyTypeObject *)groups);
     for (int i = 0; i < N_ATTRS; i++) {
@@ -114,6 +121,33 @@ configure(PyObject *module, PyObject *args)
     configured = 1;
     Py_RETURN_NONE;
 }
+
+/* ------------------------------------------------------------------ Counters */
+
+/* Recorder.counters: the recorder's per-op counters as C integers, bumped by both paths on every op.
+ * As the recorder's attributes they were nine lookups in its instance dict and two new ints a call. */
+typedef struct {
+    PyObject_HEAD
+    long long last_activity_ns, comm_ns, comm_since_ns, ops_done;
+} Counters;
+
+static PyMemberDef counters_members[] = {
+    {"last_activity_ns", T_LONGLONG, offsetof(Counters, last_activity_ns), 0, "when an op last began or ended (ns)"},
+    {"comm_ns", T_LONGLONG, offsetof(Counters, comm_ns), 0, "time with at least one op in flight, cumulative (ns)"},
+    {"comm_since_ns", T_LONGLONG, offsetof(Counters, comm_since_ns), 0, "when the in-flight set last filled (ns)"},
+    {"ops_done", T_LONGLONG, offsetof(Counters, ops_done), 0, "ops completed"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CountersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mycroft.instrumentation._hotpath.Counters",
+    .tp_basicsize = sizeof(Counters),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_members = counters_members,
+    .tp_doc = "A recorder's per-op counters (all 0 when made).",
+};
 
 /* ------------------------------------------------------------------ the Hot object */
 
@@ -142,7 +176,9 @@ typedef struct {
     ArgRef group, payload, reduce_op, async_op;
     int issues_many;
     /* fixed for the recorder's lifetime, read once */
-    PyObject *per_thread, *groups, *queue, *inflight, *queue_append, *recorder_dict;
+    PyObject *per_thread, *groups, *groups_dict, *queue, *inflight, *queue_append, *recorder_dict;
+    Counters *counters;
+    PyObject *compiler_dict; /* torch.compiler's globals (its _is_compiling_flag), or NULL */
     long long handled, delegated; /* calls taken here / handed to the Python wrapper */
 } Hot;
 
@@ -185,16 +221,17 @@ static PyObject *
 hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *slow, *original, *recorder, *api, *op, *group, *payload, *reduce_op, *async_op, *root;
+    PyObject *compiler = Py_None;
     int issues_many;
     static char *kwlist[] = {"slow", "original", "recorder", "api", "op", "group", "payload", "reduce_op",
-                             "async_op", "root", "issues_many", NULL};
+                             "async_op", "root", "issues_many", "compiler", NULL};
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_hotpath.configure() first");
         return NULL;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOUUO!O!O!O!Op:Hot", kwlist, &slow, &original, &recorder, &api,
-                                     &op, &PyTuple_Type, &group, &PyTuple_Type, &payload, &PyTuple_Type, &reduce_op,
-                                     &PyTuple_Type, &async_op, &root, &issues_many))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOUUO!O!O!O!Op|O:Hot", kwlist, &slow, &original, &recorder,
+                                     &api, &op, &PyTuple_Type, &group, &PyTuple_Type, &payload, &PyTuple_Type,
+                                     &reduce_op, &PyTuple_Type, &async_op, &root, &issues_many, &compiler))
         return NULL;
     Hot *self = (Hot *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -217,19 +254,27 @@ hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto fail;
     if ((self->per_thread = PyObject_GetAttr(recorder, names[A_PER_THREAD])) == NULL ||
         (self->groups = PyObject_GetAttr(recorder, names[A_GROUPS])) == NULL ||
+        (self->groups_dict = PyObject_GenericGetDict(self->groups, NULL)) == NULL ||
         (self->queue = PyObject_GetAttr(recorder, names[A_QUEUE])) == NULL ||
         (self->inflight = PyObject_GetAttr(recorder, names[A_INFLIGHT])) == NULL ||
         (self->queue_append = PyObject_GetAttr(self->queue, names[A_APPEND])) == NULL ||
+        (self->counters = (Counters *)PyObject_GetAttr(recorder, names[A_COUNTERS])) == NULL ||
         (self->recorder_dict = PyObject_GenericGetDict(recorder, NULL)) == NULL)
         goto fail;
-    if (!PyDict_CheckExact(self->recorder_dict)) {
-        PyErr_SetString(PyExc_TypeError, "Hot: the recorder needs an instance dict");
+    if (!PyDict_CheckExact(self->recorder_dict) || !PyDict_CheckExact(self->groups_dict)) {
+        PyErr_SetString(PyExc_TypeError, "Hot: the recorder and its group registry need an instance dict");
+        goto fail;
+    }
+    if (Py_TYPE(self->counters) != &CountersType) {
+        PyErr_SetString(PyExc_TypeError, "Hot: recorder.counters must be a _hotpath.Counters");
         goto fail;
     }
     if (!PyDict_CheckExact(self->inflight)) {
         PyErr_SetString(PyExc_TypeError, "Hot: recorder.inflight must be a dict");
         goto fail;
     }
+    if (compiler != Py_None && (self->compiler_dict = PyObject_GenericGetDict(compiler, NULL)) == NULL)
+        goto fail;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -245,10 +290,13 @@ hot_traverse(Hot *self, visitproc visit, void *arg)
     Py_VISIT(self->recorder);
     Py_VISIT(self->per_thread);
     Py_VISIT(self->groups);
+    Py_VISIT(self->groups_dict);
     Py_VISIT(self->queue);
     Py_VISIT(self->inflight);
     Py_VISIT(self->queue_append);
     Py_VISIT(self->recorder_dict);
+    Py_VISIT(self->counters);
+    Py_VISIT(self->compiler_dict);
     return 0;
 }
 
@@ -267,10 +315,13 @@ hot_clear(Hot *self)
     Py_CLEAR(self->async_op.keyword);
     Py_CLEAR(self->per_thread);
     Py_CLEAR(self->groups);
+    Py_CLEAR(self->groups_dict);
     Py_CLEAR(self->queue);
     Py_CLEAR(self->inflight);
     Py_CLEAR(self->queue_append);
     Py_CLEAR(self->recorder_dict);
+    Py_CLEAR(self->counters);
+    Py_CLEAR(self->compiler_dict);
     return 0;
 }
 
@@ -310,15 +361,12 @@ group_get_ll(PyObject *info, int slot, long long *out)
     return as_ll(value, out);
 }
 
-static int
-group_set_ll(PyObject *info, int slot, long long value)
+/* a GroupInfo's int slot set to `number` (an int the caller already made: no allocation here) */
+static void
+group_set(PyObject *info, int slot, PyObject *number)
 {
-    PyObject *number = PyLong_FromLongLong(value);
-    if (number == NULL)
-        return -1;
     PyObject **where = (PyObject **)((char *)info + group_offsets[slot]);
-    Py_XSETREF(*where, number);
-    return 0;
+    Py_XSETREF(*where, new_ref(number));
 }
 
 /* the recorder's own attributes, read and written in its instance dict (no type lookup per access:
@@ -335,17 +383,6 @@ recorder_get_ll(PyObject *dict, int name, long long *out)
     return as_ll(value, out);
 }
 
-static int
-recorder_set_ll(PyObject *dict, int name, long long value)
-{
-    PyObject *number = PyLong_FromLongLong(value);
-    if (number == NULL)
-        return -1;
-    int rc = PyDict_SetItem(dict, names[name], number);
-    Py_DECREF(number);
-    return rc;
-}
-
 static inline void
 set_slot(PyObject *record, int slot, PyObject *value) /* steals value */
 {
@@ -358,6 +395,74 @@ call_slow(Hot *self, PyObject *args, PyObject *kwargs)
 {
     self->delegated++;
     return PyObject_Call(self->slow, args, kwargs);
+}
+
+/* ------------------------------------------------------------------ the payload's bytes and dtype
+ *
+ * Tensor.nbytes and Tensor.dtype are getset descriptors of torch._C.TensorBase. Generic attribute lookup
+ * finds the descriptor through the type's method cache and checks the instance's type against it before
+ * calling its getter: ~0.5 us of the ~1.6 us the two reads cost here after a collective has left the caches
+ * cold (2-core VM). The getters of the last payload type are remembered with the type's version tag (reset
+ * by CPython when the type or a base changes) and called directly, which is what the generic lookup ends
+ * in; a type with its own __getattribute__, or whose attributes are not getset descriptors, takes the
+ * generic lookup. */
+typedef struct {
+    PyTypeObject *type; /* strong */
+    unsigned int version;
+    PyGetSetDef *nbytes, *dtype;
+} PayloadGetters;
+static PayloadGetters payload_getters;
+
+static PyGetSetDef *
+getset_of(PyTypeObject *type, PyObject *name)
+{
+    PyObject *descr = PyObject_GetAttr((PyObject *)type, name); /* the class attribute: the descriptor itself */
+    if (descr == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyGetSetDef *def = Py_TYPE(descr) == &PyGetSetDescr_Type ? ((PyGetSetDescrObject *)descr)->d_getset : NULL;
+    Py_DECREF(descr); /* the type keeps it (and its PyGetSetDef is static in the extension) */
+    return def != NULL && def->get != NULL ? def : NULL;
+}
+
+/* 1 with the getters of `type`, remembered; 0 where the generic lookup must read them */
+static int
+payload_getters_for(PyTypeObject *type)
+{
+    if (type == payload_getters.type && type->tp_version_tag == payload_getters.version && payload_getters.version)
+        return 1;
+    if (type->tp_getattro != PyObject_GenericGetAttr)
+        return 0;
+    PyGetSetDef *nbytes = getset_of(type, names[A_NBYTES]), *dtype = getset_of(type, names[A_DTYPE]);
+    if (nbytes == NULL || dtype == NULL || type->tp_version_tag == 0)
+        return 0;
+    Py_INCREF(type);
+    PyTypeObject *old = payload_getters.type;
+    payload_getters = (PayloadGetters){type, type->tp_version_tag, nbytes, dtype};
+    Py_XDECREF(old);
+    return 1;
+}
+
+/* GroupInfo.deref(): the group, a new reference; NULL once torch let it go (an error may be set). A
+ * registered group is held weakly: its referent is read in place instead of calling the weakref. */
+static PyObject *
+group_object(PyObject *deref)
+{
+    PyObject *pg;
+    if (!PyWeakref_CheckRefExact(deref)) {
+        pg = PyObject_CallNoArgs(deref);
+    } else {
+#if PY_VERSION_HEX >= 0x030D0000
+        if (PyWeakref_GetRef(deref, &pg) < 0)
+            pg = NULL;
+#else
+        pg = new_ref(PyWeakref_GET_OBJECT(deref));
+#endif
+    }
+    if (pg == Py_None)
+        Py_CLEAR(pg);
+    return pg;
 }
 
 /* ------------------------------------------------------------------ begin
@@ -378,23 +483,23 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     PyObject *group = argument(args, kwargs, &self->group);
     if (group == NULL && PyErr_Occurred())
         goto delegate;
+    /* GroupRegistry's attributes, read in its instance dict (it defines no descriptor of these names) */
     if (group == NULL || group == Py_None) {
-        info = PyObject_GetAttr(self->groups, names[A_DEFAULT]); /* None until resolved: the Python path does */
+        info = PyDict_GetItemWithError(self->groups_dict, names[A_DEFAULT]); /* None until resolved: the Python path does */
     } else {
-        PyObject *by_pg = PyObject_GetAttr(self->groups, names[A_BY_PG]);
+        PyObject *by_pg = PyDict_GetItemWithError(self->groups_dict, names[A_BY_PG]);
         PyObject *key = by_pg != NULL ? PyLong_FromVoidPtr(group) : NULL; /* id(group) */
         info = key != NULL && PyDict_Check(by_pg) ? PyDict_GetItemWithError(by_pg, key) : NULL;
-        Py_XINCREF(info);
         Py_XDECREF(key);
-        Py_XDECREF(by_pg);
     }
+    Py_XINCREF(info);
     if (info == NULL || Py_TYPE(info) != group_type)
         goto delegate;
     /* the group object behind the info: the registered one (an id can be reused) */
     PyObject *deref = group_slot(info, G_DEREF);
     if (deref == NULL)
         goto delegate;
-    pg = PyObject_CallNoArgs(deref);
+    pg = group_object(deref);
     if (pg == NULL)
         goto delegate;
     if (group != NULL && group != Py_None && pg != group)
@@ -410,9 +515,15 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
             goto delegate;
         if (payload == NULL)
             payload = Py_None;
-        nbytes = PyObject_GetAttr(payload, names[A_NBYTES]);
-        if (nbytes != NULL)
-            dtype = PyObject_GetAttr(payload, names[A_DTYPE]);
+        if (payload_getters_for(Py_TYPE(payload))) {
+            nbytes = payload_getters.nbytes->get(payload, payload_getters.nbytes->closure);
+            if (nbytes != NULL)
+                dtype = payload_getters.dtype->get(payload, payload_getters.dtype->closure);
+        } else {
+            nbytes = PyObject_GetAttr(payload, names[A_NBYTES]);
+            if (nbytes != NULL)
+                dtype = PyObject_GetAttr(payload, names[A_DTYPE]);
+        }
         if (nbytes == NULL || dtype == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError))
                 goto delegate;
@@ -503,15 +614,13 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     }
 
     /* from here on state changes: nothing below delegates */
-    if (group_set_ll(info, G_ISSUED, seq) < 0)
-        goto delegate;
-    if (PyDict_GET_SIZE(self->inflight) == 0 && recorder_set_ll(self->recorder_dict, A_COMM_SINCE, start) < 0)
-        goto delegate;
+    group_set(info, G_ISSUED, seq_obj);
+    if (PyDict_GET_SIZE(self->inflight) == 0)
+        self->counters->comm_since_ns = start;
     if (PyDict_SetItem(self->inflight, record, record) < 0)
         goto delegate;
     /* in flight now: the call is ours whatever happens next (the Python path would record it twice) */
-    if (recorder_set_ll(self->recorder_dict, A_LAST_ACTIVITY, start) < 0)
-        PyErr_Clear();
+    self->counters->last_activity_ns = start;
     Py_DECREF(pg);
     out->record = record;
     out->info = info;
@@ -545,30 +654,19 @@ complete(Hot *self, Begun *op)
     long long completed;
     if (group_get_ll(op->info, G_COMPLETED, &completed) < 0)
         return -1;
-    if (op->seq > completed && group_set_ll(op->info, G_COMPLETED, op->seq) < 0)
-        return -1;
-    PyObject *present = PyDict_GetItemWithError(self->inflight, record);
-    if (present == NULL && PyErr_Occurred())
-        return -1;
-    if (present != NULL) {
-        if (PyDict_DelItem(self->inflight, record) < 0)
+    if (op->seq > completed)
+        group_set(op->info, G_COMPLETED, *(PyObject **)((char *)record + record_offsets[R_SEQ]));
+    if (PyDict_DelItem(self->inflight, record) < 0) { /* one lookup: begin() put it there */
+        if (!PyErr_ExceptionMatches(PyExc_KeyError))
             return -1;
-        long long done;
-        PyObject *dict = self->recorder_dict;
-        if (recorder_get_ll(dict, A_OPS_DONE, &done) < 0 || recorder_set_ll(dict, A_OPS_DONE, done + 1) < 0)
-            return -1;
-        if (PyDict_GET_SIZE(self->inflight) == 0) {
-            long long since, comm;
-            if (recorder_get_ll(dict, A_COMM_SINCE, &since) < 0)
-                return -1;
-            if (end - since > 0) {
-                if (recorder_get_ll(dict, A_COMM_NS, &comm) < 0 || recorder_set_ll(dict, A_COMM_NS, comm + (end - since)) < 0)
-                    return -1;
-            }
-        }
+        PyErr_Clear();
+    } else {
+        Counters *counters = self->counters;
+        counters->ops_done++;
+        if (PyDict_GET_SIZE(self->inflight) == 0 && end > counters->comm_since_ns)
+            counters->comm_ns += end - counters->comm_since_ns;
     }
-    if (recorder_set_ll(self->recorder_dict, A_LAST_ACTIVITY, end) < 0)
-        return -1;
+    self->counters->last_activity_ns = end;
     PyObject *result;
     long long queue_size;
     if (recorder_get_ll(self->recorder_dict, A_QUEUE_SIZE, &queue_size) < 0)
@@ -585,22 +683,62 @@ complete(Hot *self, Begun *op)
 
 /* ------------------------------------------------------------------ the call */
 
+/* This thread's _Depth (PerThread.depth), remembered per OS thread with the PerThread it came from.
+ * Each read through the threading.local is a lookup in the thread's state, a type lookup and a
+ * descriptor call: ~1 us a call after a collective has left the caches cold (2-core VM). A thread's
+ * _Depth is made once and never replaced; both references are held, so neither address can be
+ * reused while remembered. A thread that ends leaves its two references behind (two small objects). */
+static _Thread_local PyObject *remembered_per_thread, *remembered_depth;
+
+static PyObject * /* a new reference; NULL, no error set: the Python path must take the call */
+thread_depth(Hot *self)
+{
+    if (remembered_per_thread == self->per_thread)
+        return new_ref(remembered_depth);
+    PyObject *depth = PyObject_GetAttr(self->per_thread, names[A_DEPTH]);
+    if (depth == NULL || Py_TYPE(depth) != depth_type) {
+        PyErr_Clear();
+        Py_XDECREF(depth);
+        return NULL;
+    }
+    PyObject *old_per_thread = remembered_per_thread, *old_depth = remembered_depth;
+    remembered_per_thread = new_ref(self->per_thread);
+    remembered_depth = new_ref(depth);
+    Py_XDECREF(old_per_thread); /* last: their deallocation may run Python code */
+    Py_XDECREF(old_depth);
+    return depth;
+}
+
+/* _Depth.value, read in place; -1 when it is not a small int (no error set) */
+static long
+depth_value(PyObject *depth)
+{
+    PyObject *value = *(PyObject **)((char *)depth + depth_value_offset);
+    if (value == NULL || !PyLong_CheckExact(value))
+        return -1;
+    long now = PyLong_AsLong(value);
+    if (now == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return now;
+}
+
+/* _Depth.value += delta, in place (ints this small are CPython's shared ones: nothing allocated) */
 static PyObject *
 set_depth(PyObject *depth, long delta)
 {
-    PyObject *value = PyObject_GetAttr(depth, names[A_VALUE]);
-    if (value == NULL)
+    long now = depth_value(depth);
+    if (now < 0) {
+        PyErr_SetString(PyExc_TypeError, "_Depth.value is not an int");
         return NULL;
-    long now = PyLong_AsLong(value);
-    Py_DECREF(value);
-    if (now == -1 && PyErr_Occurred())
-        return NULL;
+    }
     PyObject *next = PyLong_FromLong(now + delta);
     if (next == NULL)
         return NULL;
-    int rc = PyObject_SetAttr(depth, names[A_VALUE], next);
-    Py_DECREF(next);
-    return rc < 0 ? NULL : depth;
+    PyObject **where = (PyObject **)((char *)depth + depth_value_offset);
+    Py_XSETREF(*where, next);
+    return depth;
 }
 
 /* Recorder._note_error through the Python path: count it once there, never into training */
@@ -624,16 +762,16 @@ hot_call(Hot *self, PyObject *args, PyObject *kwargs)
 {
     if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0)
         kwargs = NULL;
-    PyObject *depth = PyObject_GetAttr(self->per_thread, names[A_DEPTH]);
-    if (depth == NULL) {
+    if (self->compiler_dict != NULL) { /* traced by torch.export or AOT: torch's call alone, as the shim does */
+        PyObject *tracing = PyDict_GetItemWithError(self->compiler_dict, names[A_COMPILING_FLAG]);
+        if (tracing == Py_True)
+            return PyObject_Call(self->original, args, kwargs);
         PyErr_Clear();
-        return call_slow(self, args, kwargs);
     }
-    PyObject *value = PyObject_GetAttr(depth, names[A_VALUE]);
-    long nesting = value != NULL ? PyLong_AsLong(value) : -1;
-    Py_XDECREF(value);
-    if (nesting != 0) { /* inside another wrapped call (or unreadable): the Python path decides */
-        PyErr_Clear();
+    PyObject *depth = thread_depth(self);
+    if (depth == NULL)
+        return call_slow(self, args, kwargs);
+    if (depth_value(depth) != 0) { /* inside another wrapped call (or unreadable): the Python path decides */
         Py_DECREF(depth);
         return call_slow(self, args, kwargs);
     }
@@ -842,7 +980,7 @@ static PyTypeObject WaitType = {
 
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(op_record_type, group_info_type, payload_info, state_completed, state_in_flight): once"},
+     "configure(op_record_type, group_info_type, depth_type, payload_info, state_completed, state_in_flight): once"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -854,7 +992,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    if (PyType_Ready(&HotType) < 0 || PyType_Ready(&WaitType) < 0)
+    if (PyType_Ready(&HotType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&CountersType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
@@ -868,6 +1006,12 @@ PyInit__hotpath(void)
     Py_INCREF(&WaitType);
     if (PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0) {
         Py_DECREF(&WaitType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&CountersType);
+    if (PyModule_AddObject(module, "Counters", (PyObject *)&CountersType) < 0) {
+        Py_DECREF(&CountersType);
         Py_DECREF(module);
         return NULL;
     }

@@ -37,7 +37,7 @@ from mycroft.instrumentation.ops import (
     ArgRef,
     OpSpec,
 )
-from mycroft.instrumentation.recorder import OpRecord, Recorder, payload_info
+from mycroft.instrumentation.recorder import Depth, OpRecord, Recorder, payload_info
 
 from mycroft import schema
 
@@ -49,7 +49,7 @@ def _load_hot_path() -> ModuleType | None:
     try:
         from mycroft.instrumentation import _hotpath as module
 
-        module.configure(OpRecord, GroupInfo, payload_info, schema.STATE_COMPLETED, schema.STATE_IN_FLIGHT)
+        module.configure(OpRecord, GroupInfo, Depth, payload_info, schema.STATE_COMPLETED, schema.STATE_IN_FLIGHT)
         return module
     except Exception as exc:
         log.debug("mycroft: compiled hot path not loaded (%r)", exc)
@@ -78,6 +78,21 @@ def compiling_check() -> Callable[[], bool]:
         return torch.compiler.is_compiling
     except Exception:
         return _never_compiling
+
+
+def dynamo_tracing_check() -> tuple[Callable[[], bool], Any]:
+    """The compiled shim's own test: torch.compiler.is_dynamo_compiling (one frame; Dynamo reads it as True,
+    as it reads is_compiling) and torch.compiler, whose `_is_compiling_flag` the hot path reads in C for the
+    rest of is_compiling() (torch.export, AOT tracing). is_compiling calls torch.jit.is_scripting: two
+    frames, ~2 us a call after a collective has left the caches cold (2-core VM). (compiling_check(),
+    None) on a torch without it."""
+    try:
+        import torch
+
+        return torch.compiler.is_dynamo_compiling, torch.compiler
+    except Exception:
+        return compiling_check(), None
+
 
 _MARK = "__mycroft_wrapped__"
 
@@ -205,12 +220,12 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
         return result
 
     if hot_path and _hotpath is not None and not spec.is_p2p and not spec.always_async:
-        return _compiled_shim(_hotpath, recorder, spec, original, wrapper, api, compiling)
+        return _compiled_shim(_hotpath, recorder, spec, original, wrapper, api)
     return wrapper
 
 
 def _compiled_shim(compiled: ModuleType, recorder: Recorder, spec: OpSpec, original: Callable[..., Any],
-                   wrapper: Callable[..., Any], api: str, compiling: Callable[[], bool]) -> Callable[..., Any]:
+                   wrapper: Callable[..., Any], api: str) -> Callable[..., Any]:
     """A Python function (Dynamo traces into it, as into the wrapper: no graph break, fullgraph works)
     whose every call outside compilation goes to the compiled hot path, which records a collective on
     a host-synchronous group in about half the Python wrapper's time and hands anything else to
@@ -219,17 +234,18 @@ def _compiled_shim(compiled: ModuleType, recorder: Recorder, spec: OpSpec, origi
     if spec.root[1]:
         def root(record: OpRecord, info: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
             Recorder._root_field(record, spec, info, args, kwargs or {})
+    tracing, compiler = dynamo_tracing_check()
     try:
         fast = compiled.Hot(slow=wrapper, original=original, recorder=recorder, api=api, op=spec.op,
                             group=spec.group, payload=spec.payload, reduce_op=spec.reduce_op,
-                            async_op=spec.async_op, root=root, issues_many=spec.issues_many)
+                            async_op=spec.async_op, root=root, issues_many=spec.issues_many, compiler=compiler)
     except Exception as exc:
         log.info("mycroft: compiled hot path unavailable for %s (%r); Python wrapper", spec.api, exc)
         return wrapper
 
     @functools.wraps(original)
     def shim(*args: Any, **kwargs: Any) -> Any:
-        if compiling():
+        if tracing():
             return original(*args, **kwargs)
         return fast(args, kwargs)
 

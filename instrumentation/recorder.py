@@ -33,13 +33,14 @@ _COMPLETED = schema.STATE_COMPLETED
 _EXACT = schema.TIMING_EXACT
 
 
-class _Depth:
+class Depth:
     """Per-thread nesting depth of wrapped calls (a wrapped API calling another records once).
 
     capture: while a sync send/recv on a device-async group runs, the Work of the isend /
     irecv torch issues inside it is collected here (its completion is the op's).
     A plain object, reached through one threading.local read per call (`PerThread.depth`):
     every attribute access on a threading.local costs as much as a dict lookup plus a call.
+    The compiled hot path keeps each thread's one and reads and writes `value` in its slot.
     """
 
     __slots__ = ("capture", "value")
@@ -49,11 +50,33 @@ class _Depth:
         self.capture: list[Any] | None = None
 
 
-class PerThread(threading.local):
-    """This thread's `_Depth` (threading.local runs __init__ once in each thread that reads it)."""
+class PyCounters:
+    """A recorder's per-op counters where the compiled hot path is not built (its `Counters` keeps them as
+    C integers: the hot path bumps them in place, with no dict lookup and no new int per op)."""
+
+    __slots__ = ("comm_ns", "comm_since_ns", "last_activity_ns", "ops_done")
 
     def __init__(self) -> None:
-        self.depth = _Depth()
+        self.last_activity_ns = 0  # when an op last began or ended
+
+
+def _counters_type() -> type:
+    try:
+        from mycroft.instrumentation._hotpath import Counters
+
+        return Counters
+    except ImportError:
+        return PyCounters
+
+
+Counters = _counters_type()
+
+
+class PerThread(threading.local):
+    """This thread's `Depth` (threading.local runs __init__ once in each thread that reads it)."""
+
+    def __init__(self) -> None:
+        self.depth = Depth()
 
 
 _NO_WORK: Any = object()
@@ -102,7 +125,8 @@ class Recorder:
         self.inflight: dict[OpRecord, OpRecord] = {}
         self.dropped = 0
         self.errors = 0
-        self.last_activity_ns = _now_ns()
+        self.counters = Counters()
+        self.counters.last_activity_ns = _now_ns()
         self.world_rank = -1
         self._keys = itertools.count(1)
         self.per_thread = PerThread()
@@ -116,11 +140,6 @@ class Recorder:
         # one entry per thread inside Work.wait() (patching's wrapper): append / pop are atomic C calls,
         # where a counter needs a lock (`+=` from two threads can lose an update)
         self.waiters: collections.deque[None] = collections.deque()
-        # time with at least one op in flight (cumulative): the rest is compute. Heartbeats carry
-        # it, so the RCA sees per rank and per interval how much it computed vs waited (skew-free)
-        self.comm_ns = 0
-        self.comm_since_ns = 0  # when the in-flight set last became non-empty
-        self.ops_done = 0
         self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
 
     # ------------------------------------------------------------------ helpers
@@ -174,6 +193,8 @@ class Recorder:
         has_root = bool(spec.root[1])
         groups = self.groups
         inflight = self.inflight
+        counters = self.counters
+
         def begin(args: tuple[Any, ...], kwargs: dict[str, Any], group: Any = None) -> OpRecord | None:
             try:
                 n_args = len(args)
@@ -213,9 +234,9 @@ class Recorder:
                         self._root_field(record, spec, info, args, kwargs)
                 if track:
                     if not inflight:
-                        self.comm_since_ns = start
+                        counters.comm_since_ns = start
                     inflight[record] = record
-                    self.last_activity_ns = start
+                    counters.last_activity_ns = start
                 return record
             except Exception as exc:
                 self._note_error(spec.api, exc)
@@ -252,9 +273,9 @@ class Recorder:
 
     def _track(self, record: OpRecord, start: int) -> None:
         if not self.inflight:
-            self.comm_since_ns = start
+            self.counters.comm_since_ns = start
         self.inflight[record] = record
-        self.last_activity_ns = start
+        self.counters.last_activity_ns = start
 
     def begin_block(self, op: str, group: Any, tensors: list[Any], reduce_op: Any, async_op: bool,
                     api: str) -> OpRecord | None:
@@ -315,7 +336,7 @@ class Recorder:
     def adopt(self, record: OpRecord) -> None:
         """An op seen only by the Flight Recorder (issued in C++): in flight until it completes."""
         if not self.inflight:
-            self.comm_since_ns = _now_ns()
+            self.counters.comm_since_ns = _now_ns()
         self.inflight[record] = record
         if record.seq > record.group.issued:
             record.group.issued = record.seq
@@ -352,13 +373,14 @@ class Recorder:
         if record.seq > group.completed and state == _COMPLETED and record.op not in _P2P_OPS:
             group.completed = record.seq
         inflight = self.inflight
+        counters = self.counters
         if inflight.pop(record, None) is not None:
-            self.ops_done += 1
+            counters.ops_done += 1
             if not inflight:
-                busy = end - self.comm_since_ns
+                busy = end - counters.comm_since_ns
                 if busy > 0:
-                    self.comm_ns += busy
-        self.last_activity_ns = end
+                    counters.comm_ns += busy
+        counters.last_activity_ns = end
         queue = self.queue
         if len(queue) < self.queue_size:  # _push, inline: every op passes here
             queue.append(record)
@@ -481,10 +503,11 @@ class Recorder:
         """A wait on collectives the recorder did not see issued (DDP's reducer: ddp_wait.py) counts
         as communication time and one op done; not while traced ops are in flight (they count it)."""
         if not self.inflight and end_ns > start_ns:
-            self.comm_ns += end_ns - start_ns
-            self.ops_done += 1
+            self.counters.comm_ns += end_ns - start_ns
+            self.counters.ops_done += 1
 
     def comm_seconds(self, now_ns: int) -> float:
         """Cumulative seconds this process had an op in flight, up to now."""
-        busy = self.comm_ns + (max(0, now_ns - self.comm_since_ns) if self.inflight else 0)
+        counters = self.counters
+        busy = counters.comm_ns + (max(0, now_ns - counters.comm_since_ns) if self.inflight else 0)
         return busy / 1e9

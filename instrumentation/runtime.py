@@ -538,8 +538,8 @@ class Runtime:
         self._read_frontier()  # pg_status only: fresh for the heartbeat
         inflight = recorder.snapshot_inflight()
         posted = recorder.posted_only(inflight)
-        since = max([recorder.last_activity_ns, *(record.call_end_ns for record in inflight)]) if posted else \
-            recorder.last_activity_ns
+        since = max([recorder.counters.last_activity_ns, *(record.call_end_ns for record in inflight)]) if posted \
+            else recorder.counters.last_activity_ns
         idle_s = 0.0 if inflight and not posted else max(0.0, (now - since) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
@@ -548,7 +548,7 @@ class Runtime:
         attributes[schema.ATTR_HB_SPANS_ANOMALIES] = counts.anomalies
         attributes[schema.ATTR_HB_SPANS_SAMPLED_OUT] = counts.sampled_out
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
-        attributes[schema.ATTR_HB_OPS_DONE] = recorder.ops_done
+        attributes[schema.ATTR_HB_OPS_DONE] = recorder.counters.ops_done
         COMPILE_WATCH.poll()
         attributes[schema.ATTR_HB_PHASE] = schema.PHASE_COMPILING if COMPILE_WATCH.compiling else schema.PHASE_TRAINING
         attributes.update(self._digests.heartbeat_attributes())

@@ -24,7 +24,8 @@ def _recorded(hot: bool) -> dict[str, Any]:
     result = subprocess.run([sys.executable, str(JOB), "1" if hot else "0"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    *_, first, second = result.stdout.strip().splitlines()
+    return {**json.loads(first), **json.loads(second)}
 
 
 def test_compiled_hot_path_is_built() -> None:
@@ -39,13 +40,26 @@ def test_compiled_and_python_paths_record_the_same() -> None:
     for key in ("records", "groups", "errors", "ops_done", "inflight", "recorder_errors", "comm_ns"):
         assert compiled[key] == python[key], key
     records = compiled["records"]
-    assert len(records) == 15 and all(r["timed"] for r in records)
+    assert len(records) == 17 and all(r["timed"] for r in records)
+    # Tensor.nbytes replaced for one call: the compiled path read the new one (its getters follow the type)
+    assert [r["bytes"] for r in records if r["op"] == "all_reduce"][-2:] == [12345, 32]
     assert [r["state"] for r in records].count("error") == 1  # torch's own failure, recorded, raised as before
     assert compiled["errors"] == ["RuntimeError", "ValueError"]
     assert compiled["recorder_errors"] == 1  # the non-group: counted, the op ran unrecorded
     assert compiled["inflight"] == 0 and compiled["comm_ns"]
     assert next(r for r in records if r["async_op"])["state"] == "completed"  # through the Python issued()
     assert [r["root"] for r in records if r["op"] == "broadcast"] == [0, 0]
+
+
+def test_compiled_hot_path_follows_a_new_recorder_in_every_thread() -> None:
+    """A second recorder in the same process: the depth the compiled path keeps per thread follows it, in
+    the main thread and in another; an all_reduce inside another wrapped call is not recorded again."""
+    compiled, python = _recorded(hot=True)["second"], _recorded(hot=False)["second"]
+    assert compiled["records"] == python["records"]
+    ops = [r[1] for r in compiled["records"]]
+    assert (ops.count("broadcast"), ops.count("all_reduce"), ops.count("all_gather")) == (2, 3, 2)
+    assert compiled["ops_done"] == python["ops_done"] == 7
+    assert compiled["taken"] == 3 and python["taken"] == 0  # the three outer all_reduces went through C
 
 
 def test_compiled_hot_path_keeps_no_reference() -> None:

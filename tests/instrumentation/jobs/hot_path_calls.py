@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 from mycroft.instrumentation import patching
+from mycroft.instrumentation.ops import C10D_SPECS
 from mycroft.instrumentation.recorder import Recorder
 
 
@@ -51,6 +53,10 @@ def main() -> None:
     expect_error(lambda: dist.all_gather([torch.zeros(3), torch.zeros(3)], t))  # wrong list: torch raises
     expect_error(lambda: dist.all_reduce(t, group=object()))  # not a group: unrecorded, torch raises
     dist.all_reduce(t)
+    torch.Tensor.nbytes = property(lambda self: 12345)  # the tensor type changed: its getters are read anew
+    dist.all_reduce(t)
+    del torch.Tensor.nbytes
+    dist.all_reduce(t)
     deadline = time.monotonic() + 5
     while recorder.inflight and time.monotonic() < deadline:  # the async op completes in its future's callback
         time.sleep(0.01)
@@ -61,8 +67,7 @@ def main() -> None:
                 "timed": 0 < r.start_ns <= r.end_ns}
                for r in recorder.queue]
     groups = sorted((info.gid, info.issued, info.completed) for info in recorder.groups.all())
-    shims = {id(fn): fn for fn in vars(dist).values() if hasattr(fn, "mycroft_hot_path")}
-    taken = sum(fn.mycroft_hot_path.counts()[0] for fn in shims.values())
+    taken = _taken()
 
     # nothing leaks per call: the tensor and the group are referenced as before after many calls
     recorder.queue.clear()
@@ -71,13 +76,45 @@ def main() -> None:
         dist.all_reduce(t, group=sub)
     recorder.queue.clear()
     after = (sys.getrefcount(t), sys.getrefcount(sub))
-    print(json.dumps({"records": records, "groups": groups, "errors": errors, "ops_done": recorder.ops_done,
+    print(json.dumps({"records": records, "groups": groups, "errors": errors, "ops_done": recorder.counters.ops_done,
                       "inflight": len(recorder.inflight), "recorder_errors": recorder.errors,
-                      "taken": taken, "refcounts": [before, after], "comm_ns": recorder.comm_ns > 0,
+                      "taken": taken, "refcounts": [before, after], "comm_ns": recorder.counters.comm_ns > 0,
                       "work_wait": [*installed_wait, recorder.waiting]}))
     patcher.uninstall()
     assert work_type.__dict__["wait"] is torch_wait
+
+    # a second recorder (a new PerThread): each thread's nesting depth follows it, in this thread and in
+    # another one. `outer`, a wrapped call (the Python wrapper) whose original issues an all_reduce: one
+    # record, the outer one, only if the compiled path reads the depth the new wrapper set
+    again = Recorder(4096)
+    again.world_rank = 0
+    patcher = patching.Patcher()
+    patching.install(patcher, again, None, lambda: None, lambda: None, hot_path=hot)
+    broadcast = next(spec for spec in C10D_SPECS if spec.api == "broadcast")
+    outer = patching._collective_wrapper(again, broadcast, lambda *args: dist.all_reduce(t), hot_path=False)
+
+    def other_thread() -> None:
+        dist.all_reduce(t)
+        outer(t, 0)
+        dist.all_gather_object([None], "two all_gathers")
+        dist.all_reduce(t, group=sub)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    outer(t, 0)
+    dist.all_reduce(t)
+    second = {"records": sorted([r.api, r.op, r.group.gid, r.seq, r.state] for r in again.queue),
+              "taken": _taken(), "ops_done": again.counters.ops_done}
+    patcher.uninstall()
+    print(json.dumps({"second": second}))
     dist.destroy_process_group()
+
+
+def _taken() -> int:
+    """Calls the installed compiled hot paths took (0 with it off)."""
+    shims = {id(fn): fn for fn in vars(dist).values() if hasattr(fn, "mycroft_hot_path")}
+    return sum(fn.mycroft_hot_path.counts()[0] for fn in shims.values())
 
 
 if __name__ == "__main__":

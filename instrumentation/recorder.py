@@ -58,6 +58,11 @@ class PyCounters:
 
     def __init__(self) -> None:
         self.last_activity_ns = 0  # when an op last began or ended
+        # time with at least one op in flight (cumulative): the rest is compute. Heartbeats carry
+        # it, so the RCA sees per rank and per interval how much it computed vs waited (skew-free)
+        self.comm_ns = 0
+        self.comm_since_ns = 0  # when the in-flight set last became non-empty
+        self.ops_done = 0
 
 
 def _counters_type() -> type:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mycroft.instrumentation import patching
 
 JOB = Path(__file__).parent / "jobs" / "hot_path_calls.py"
@@ -60,6 +61,22 @@ def test_compiled_hot_path_follows_a_new_recorder_in_every_thread() -> None:
     assert (ops.count("broadcast"), ops.count("all_reduce"), ops.count("all_gather")) == (2, 3, 2)
     assert compiled["ops_done"] == python["ops_done"] == 7
     assert compiled["taken"] == 3 and python["taken"] == 0  # the three outer all_reduces went through C
+
+
+def test_recorder_counters_alike_with_and_without_the_extension() -> None:
+    """Recorder.counters: C integers where the extension is built, a slotted class where it is not: the
+    same names, zeros when made, ints in and out, nothing else settable."""
+    from mycroft.instrumentation import recorder
+
+    assert patching._hotpath is not None and recorder.Counters is patching._hotpath.Counters
+    names = ("last_activity_ns", "comm_ns", "comm_since_ns", "ops_done")
+    for made in (recorder.PyCounters(), patching._hotpath.Counters()):
+        assert [getattr(made, name) for name in names] == [0, 0, 0, 0]
+        made.ops_done += 1
+        made.last_activity_ns = 1_790_000_000_123_456_789
+        assert (made.ops_done, made.last_activity_ns) == (1, 1_790_000_000_123_456_789)
+        with pytest.raises(AttributeError):
+            made.comm_s = 1.0
 
 
 def test_compiled_hot_path_keeps_no_reference() -> None:

@@ -11,7 +11,7 @@
  *
  * Whatever it does not take -- nested calls, an unknown or device-async group, any error before
  * it touched state -- goes to the Python wrapper (the definition) with the same arguments, so a
- * call is handled whole by one of the two. tests/instrumentation/test_hotpath.py runs the same
+ * call is handled whole by one of the two. tests/instrumentation/test_compiled_hot_path.py runs the same
  * calls both ways and compares the records and the recorder's counters.
  *
  * Hot(slow, original, recorder, api, op, group, payload, reduce_op, async_op, root, issues_many[, compiler])(args,
@@ -46,7 +46,7 @@ static const char *const GROUP_SLOTS[N_GROUP_SLOTS] = {
 };
 static Py_ssize_t group_offsets[N_GROUP_SLOTS];
 static PyTypeObject *group_type;
-/* recorder._Depth: a thread's nesting depth, its `value` slot read and written in place */
+/* recorder.Depth: a thread's nesting depth, its `value` slot read and written in place */
 static PyTypeObject *depth_type;
 static Py_ssize_t depth_value_offset;
 static PyObject *payload_info; /* recorder.payload_info: (bytes, dtype) of anything that is not a tensor */
@@ -60,8 +60,8 @@ enum {
     N_ATTRS
 };
 static const char *const ATTR_NAMES[N_ATTRS] = {
-    "depth", "_default", "_by_pg", "nbytes", "dtype", "counters", "_push", "queue", "queue_size", "inflight", "per_thread", "groups", "failed", "issued",
-    "complete_through_call", "append", "_is_compiling_flag",
+    "depth", "_default", "_by_pg", "nbytes", "dtype", "counters", "_push", "queue", "queue_size", "inflight",
+    "per_thread", "groups", "failed", "issued", "complete_through_call", "append", "_is_compiling_flag",
 };
 static PyObject *names[N_ATTRS];
 static PyObject *zero;
@@ -485,7 +485,8 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
         goto delegate;
     /* GroupRegistry's attributes, read in its instance dict (it defines no descriptor of these names) */
     if (group == NULL || group == Py_None) {
-        info = PyDict_GetItemWithError(self->groups_dict, names[A_DEFAULT]); /* None until resolved: the Python path does */
+        /* None until resolved: the Python path resolves it */
+        info = PyDict_GetItemWithError(self->groups_dict, names[A_DEFAULT]);
     } else {
         PyObject *by_pg = PyDict_GetItemWithError(self->groups_dict, names[A_BY_PG]);
         PyObject *key = by_pg != NULL ? PyLong_FromVoidPtr(group) : NULL; /* id(group) */

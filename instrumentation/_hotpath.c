@@ -369,8 +369,8 @@ group_set(PyObject *info, int slot, PyObject *number)
     Py_XSETREF(*where, new_ref(number));
 }
 
-/* the recorder's own attributes, read and written in its instance dict (no type lookup per access:
- * Recorder defines no descriptor of these names) */
+/* a recorder's attribute (its queue_size), read in its instance dict (no type lookup per access:
+ * Recorder defines no descriptor of the name) */
 static int
 recorder_get_ll(PyObject *dict, int name, long long *out)
 {
@@ -381,6 +381,13 @@ recorder_get_ll(PyObject *dict, int name, long long *out)
         return -1;
     }
     return as_ll(value, out);
+}
+
+/* an OpRecord's slot: borrowed */
+static inline PyObject *
+record_slot(PyObject *record, int slot)
+{
+    return *(PyObject **)((char *)record + record_offsets[slot]);
 }
 
 static inline void
@@ -656,7 +663,7 @@ complete(Hot *self, Begun *op)
     if (group_get_ll(op->info, G_COMPLETED, &completed) < 0)
         return -1;
     if (op->seq > completed)
-        group_set(op->info, G_COMPLETED, *(PyObject **)((char *)record + record_offsets[R_SEQ]));
+        group_set(op->info, G_COMPLETED, record_slot(record, R_SEQ));
     if (PyDict_DelItem(self->inflight, record) < 0) { /* one lookup: begin() put it there */
         if (!PyErr_ExceptionMatches(PyExc_KeyError))
             return -1;

@@ -6,6 +6,13 @@ from typing import Any
 def configure(op_record_type: type, group_info_type: type, depth_type: type,
               payload_info: Callable[[Any], tuple[int, Any]], state_completed: str, state_in_flight: str) -> None: ...
 
+class Counters:
+    """A recorder's per-op counters as C integers (recorder.Counters where the extension is built)."""
+    last_activity_ns: int
+    comm_ns: int
+    comm_since_ns: int
+    ops_done: int
+
 class Hot:
     def __init__(self, slow: Callable[..., Any], original: Callable[..., Any], recorder: Any, api: str, op: str,
                  group: tuple[int, str], payload: tuple[int, str], reduce_op: tuple[int, str],

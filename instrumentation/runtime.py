@@ -538,8 +538,8 @@ class Runtime:
         self._read_frontier()  # pg_status only: fresh for the heartbeat
         inflight = recorder.snapshot_inflight()
         posted = recorder.posted_only(inflight)
-        since = max([recorder.counters.last_activity_ns, *(record.call_end_ns for record in inflight)]) if posted \
-            else recorder.counters.last_activity_ns
+        last_activity = recorder.counters.last_activity_ns
+        since = max([last_activity, *(record.call_end_ns for record in inflight)]) if posted else last_activity
         idle_s = 0.0 if inflight and not posted else max(0.0, (now - since) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
         attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors

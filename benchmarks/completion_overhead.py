@@ -32,6 +32,7 @@ import torch, torch.distributed as dist
 from mycroft.faults import nccl_like
 from mycroft.instrumentation.instrumentor import MycroftInstrumentor
 from mycroft.instrumentation.ops import C10D_SPECS
+from mycroft.instrumentation import patching
 from mycroft.instrumentation.patching import _collective_wrapper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -70,7 +71,7 @@ def block(fn, n, **kw):
     return (time.thread_time_ns() - start) / n
 
 real_traced = dist.all_reduce
-real_plain = real_traced.__wrapped__
+real_plain = patching.original_of(real_traced)
 cases = {
     "standin_gloo_plain": (standin, 5000, {}),
     "standin_gloo_traced": (traced_standin, 5000, {}),

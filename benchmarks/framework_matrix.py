@@ -254,7 +254,7 @@ for k, v in res.items():
               "added_median_ns": statistics.median(pairs), "added_min_ns": min(v["traced"]) - min(v["plain"]),
               "pairs_q1_ns": pairs[len(pairs) // 4], "pairs_q3_ns": pairs[(3 * len(pairs)) // 4]}
 out["python_call_paired"] = {"plain_ns": statistics.median(paired["plain"]),
-                             "compiled": hasattr(installed_fn, "mycroft_hot_path"),
+                             "compiled": patching.hot_path_of(installed_fn) is not None,
                              "installed": spread(paired["installed"], paired["plain"]),
                              "python_wrapper": spread(paired["python"], paired["plain"]),
                              "installed_vs_python": spread(paired["installed"], paired["python"])}

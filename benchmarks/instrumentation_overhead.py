@@ -105,6 +105,7 @@ import statistics, tempfile, time
 import torch, torch.distributed as dist
 from mycroft.instrumentation.instrumentor import MycroftInstrumentor
 from mycroft.instrumentation.ops import C10D_SPECS
+from mycroft.instrumentation import patching
 from mycroft.instrumentation.patching import _collective_wrapper
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -126,7 +127,7 @@ def block(fn, n=5000):
         fn(t)
     return (time.perf_counter_ns() - start) / n
 real_traced = dist.all_reduce
-real_plain = real_traced.__wrapped__
+real_plain = patching.original_of(real_traced)
 for _ in range(3):
     block(collective); block(traced_noop); block(real_plain, 500); block(real_traced, 500)
 noop, wrapped, plain, traced = [], [], [], []

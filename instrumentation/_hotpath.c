@@ -14,9 +14,11 @@
  * call is handled whole by one of the two. tests/instrumentation/test_compiled_hot_path.py runs the same
  * calls both ways and compares the records and the recorder's counters.
  *
- * Hot(slow, original, recorder, api, op, group, payload, reduce_op, async_op, root, issues_many[, compiler])(args,
- *   kwargs) -> what original returns (the ArgRefs as ops.OpSpec has them; root: a callable or None; compiler:
+ * Hot(slow, original, recorder, api, op, group, payload, reduce_op, async_op, root, issues_many[, compiler]): one
+ *   wrapped function's state (the ArgRefs as ops.OpSpec has them; root: a callable or None; compiler:
  *   torch.compiler, whose _is_compiling_flag sends a call straight to original as is_compiling() would)
+ * door(original, name, module[, doc]) -> the builtin function torch.distributed gets; its __self__ (a Door)
+ *   hands each call to door.__self__.hot, a Hot, or to original while that is None (see Door below).
  * configure(op_record_type, group_info_type, depth_type, payload_info, state_completed, state_in_flight) once,
  * before the first Hot is made.
  * Wait(original, waiters): torch's Work.wait with Recorder.waiters kept (see below).
@@ -167,7 +169,6 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    vectorcallfunc vectorcall;
     PyObject *slow;      /* the Python wrapper: takes every call this does not */
     PyObject *root;      /* rooted ops: root(record, info, args, kwargs) sets record.root (Python); else NULL */
     PyObject *original;  /* torch's function */
@@ -190,15 +191,60 @@ now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* args[position] or kwargs[keyword]; a borrowed reference, NULL when absent (no error set) */
+/* One call's arguments as vectorcall passes them: positional ones, then the keyword ones' values
+ * in the order of kwnames (a tuple of str, or NULL). */
+typedef struct {
+    PyObject *const *args;
+    Py_ssize_t nargs;
+    PyObject *kwnames;
+} Call;
+
+/* args[position] or the value of keyword; a borrowed reference, NULL when absent (no error set) */
 static PyObject *
-argument(PyObject *args, PyObject *kwargs, const ArgRef *ref)
+argument(const Call *call, const ArgRef *ref)
 {
-    if (ref->position < PyTuple_GET_SIZE(args))
-        return PyTuple_GET_ITEM(args, ref->position);
-    if (ref->keyword != NULL && kwargs != NULL)
-        return PyDict_GetItemWithError(kwargs, ref->keyword);
+    if (ref->position < call->nargs)
+        return call->args[ref->position];
+    if (ref->keyword == NULL || call->kwnames == NULL)
+        return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(call->kwnames);
+    for (Py_ssize_t i = 0; i < count; i++) { /* names from code are interned: identity first */
+        if (PyTuple_GET_ITEM(call->kwnames, i) == ref->keyword)
+            return call->args[call->nargs + i];
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(call->kwnames, i), ref->keyword) == 0)
+            return call->args[call->nargs + i];
+    }
+    PyErr_Clear();
     return NULL;
+}
+
+/* The call as (args, kwargs): a new tuple and a new dict or None (Python helpers take them so) */
+static int
+call_as_tuple(const Call *call, PyObject **args, PyObject **kwargs)
+{
+    *kwargs = NULL;
+    *args = PyTuple_New(call->nargs);
+    if (*args == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < call->nargs; i++)
+        PyTuple_SET_ITEM(*args, i, new_ref(call->args[i]));
+    if (call->kwnames == NULL || PyTuple_GET_SIZE(call->kwnames) == 0) {
+        *kwargs = new_ref(Py_None);
+        return 0;
+    }
+    if ((*kwargs = PyDict_New()) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(call->kwnames); i++) {
+        if (PyDict_SetItem(*kwargs, PyTuple_GET_ITEM(call->kwnames, i), call->args[call->nargs + i]) < 0)
+            goto fail;
+    }
+    return 0;
+fail:
+    Py_CLEAR(*args);
+    Py_CLEAR(*kwargs);
+    return -1;
 }
 
 static int
@@ -214,8 +260,6 @@ parse_ref(PyObject *tuple, ArgRef *ref)
     ref->keyword = PyUnicode_GET_LENGTH(keyword) > 0 ? new_ref(keyword) : NULL;
     return 0;
 }
-
-static PyObject *hot_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 static PyObject *
 hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -236,7 +280,6 @@ hot_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Hot *self = (Hot *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->vectorcall = hot_vectorcall;
     Py_INCREF(slow);
     self->slow = slow;
     Py_INCREF(original);
@@ -398,10 +441,10 @@ set_slot(PyObject *record, int slot, PyObject *value) /* steals value */
 }
 
 static PyObject *
-call_slow(Hot *self, PyObject *args, PyObject *kwargs)
+call_slow(Hot *self, const Call *call)
 {
     self->delegated++;
-    return PyObject_Call(self->slow, args, kwargs);
+    return PyObject_Vectorcall(self->slow, call->args, call->nargs, call->kwnames);
 }
 
 /* ------------------------------------------------------------------ the payload's bytes and dtype
@@ -484,12 +527,10 @@ typedef struct {
 } Begun;
 
 static int
-begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
+begin(Hot *self, const Call *call, Begun *out)
 {
     PyObject *info = NULL, *pg = NULL, *nbytes = NULL, *dtype = NULL, *record = NULL;
-    PyObject *group = argument(args, kwargs, &self->group);
-    if (group == NULL && PyErr_Occurred())
-        goto delegate;
+    PyObject *group = argument(call, &self->group);
     /* GroupRegistry's attributes, read in its instance dict (it defines no descriptor of these names) */
     if (group == NULL || group == Py_None) {
         /* None until resolved: the Python path resolves it */
@@ -518,9 +559,7 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
 
     /* the payload: a tensor's bytes and dtype; anything else through payload_info */
     if (self->payload.present) {
-        PyObject *payload = argument(args, kwargs, &self->payload);
-        if (payload == NULL && PyErr_Occurred())
-            goto delegate;
+        PyObject *payload = argument(call, &self->payload);
         if (payload == NULL)
             payload = Py_None;
         if (payload_getters_for(Py_TYPE(payload))) {
@@ -554,17 +593,13 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     }
     PyObject *reduce_op = Py_None;
     if (self->reduce_op.keyword != NULL) {
-        reduce_op = argument(args, kwargs, &self->reduce_op);
-        if (reduce_op == NULL && PyErr_Occurred())
-            goto delegate;
+        reduce_op = argument(call, &self->reduce_op);
         if (reduce_op == NULL)
             reduce_op = Py_None;
     }
     int async_op = 0;
     if (self->async_op.keyword != NULL) {
-        PyObject *flag = argument(args, kwargs, &self->async_op);
-        if (flag == NULL && PyErr_Occurred())
-            goto delegate;
+        PyObject *flag = argument(call, &self->async_op);
         if (flag != NULL && (async_op = PyObject_IsTrue(flag)) < 0)
             goto delegate;
     }
@@ -615,7 +650,12 @@ begin(Hot *self, PyObject *args, PyObject *kwargs, Begun *out)
     set_slot(record, R_ASYNC, new_ref(async_op ? Py_True : Py_False));
     set_slot(record, R_STATE, new_ref(state_in_flight));
     if (self->root != NULL) { /* rare (broadcast, reduce, gather, scatter): the Python helper reads the root */
-        PyObject *done = PyObject_CallFunctionObjArgs(self->root, record, info, args, kwargs ? kwargs : Py_None, NULL);
+        PyObject *args, *kwargs;
+        if (call_as_tuple(call, &args, &kwargs) < 0)
+            goto delegate;
+        PyObject *done = PyObject_CallFunctionObjArgs(self->root, record, info, args, kwargs, NULL);
+        Py_DECREF(args);
+        Py_DECREF(kwargs);
         if (done == NULL)
             goto delegate;
         Py_DECREF(done);
@@ -766,34 +806,32 @@ note_error(Hot *self, const char *where)
 }
 
 static PyObject *
-hot_call(Hot *self, PyObject *args, PyObject *kwargs)
+hot_call(Hot *self, const Call *call)
 {
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) == 0)
-        kwargs = NULL;
-    if (self->compiler_dict != NULL) { /* traced by torch.export or AOT: torch's call alone, as the shim does */
+    if (self->compiler_dict != NULL) { /* traced by torch.export or AOT: torch's call alone, as Dynamo's is */
         PyObject *tracing = PyDict_GetItemWithError(self->compiler_dict, names[A_COMPILING_FLAG]);
         if (tracing == Py_True)
-            return PyObject_Call(self->original, args, kwargs);
+            return PyObject_Vectorcall(self->original, call->args, call->nargs, call->kwnames);
         PyErr_Clear();
     }
     PyObject *depth = thread_depth(self);
     if (depth == NULL)
-        return call_slow(self, args, kwargs);
+        return call_slow(self, call);
     if (depth_value(depth) != 0) { /* inside another wrapped call (or unreadable): the Python path decides */
         Py_DECREF(depth);
-        return call_slow(self, args, kwargs);
+        return call_slow(self, call);
     }
     Begun op = {0};
-    if (!begin(self, args, kwargs, &op)) {
+    if (!begin(self, call, &op)) {
         Py_DECREF(depth);
-        return call_slow(self, args, kwargs);
+        return call_slow(self, call);
     }
     self->handled++;
     PyObject *result = NULL;
     if (set_depth(depth, 1) == NULL) {
         note_error(self, "depth");
     }
-    result = PyObject_Call(self->original, args, kwargs);
+    result = PyObject_Vectorcall(self->original, call->args, call->nargs, call->kwnames);
     if (result == NULL) {
         /* the op failed: Recorder.failed(record, exc), then the same exception goes on */
         PyObject *type, *exc, *tb;
@@ -836,18 +874,6 @@ done:
 }
 
 static PyObject *
-hot_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
-{
-    Hot *self = (Hot *)callable;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs != 2 || kwnames != NULL || !PyTuple_Check(args[0]) || (args[1] != Py_None && !PyDict_Check(args[1]))) {
-        PyErr_SetString(PyExc_TypeError, "Hot(args: tuple, kwargs: dict | None)");
-        return NULL;
-    }
-    return hot_call(self, args[0], args[1] == Py_None ? NULL : args[1]);
-}
-
-static PyObject *
 hot_counts(Hot *self, PyObject *Py_UNUSED(ignored))
 {
     return Py_BuildValue("(LL)", self->handled, self->delegated);
@@ -862,16 +888,150 @@ static PyTypeObject HotType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mycroft.instrumentation._hotpath.Hot",
     .tp_basicsize = sizeof(Hot),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(Hot, vectorcall),
-    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = hot_new,
     .tp_traverse = (traverseproc)hot_traverse,
     .tp_clear = (inquiry)hot_clear,
     .tp_dealloc = (destructor)hot_dealloc,
     .tp_methods = hot_methods,
-    .tp_doc = "One wrapped collective's fast path: call with (args, kwargs).",
+    .tp_doc = "One wrapped collective's fast path; a Door calls it.",
 };
+
+/* ------------------------------------------------------------------ Door: the function torch.distributed gets
+ *
+ * A builtin function (METH_FASTCALL | METH_KEYWORDS) bound to a Door, which hands every call to its Hot, or to
+ * torch's function while it has none. A Python function in between (the shim this replaced: a frame, *args /
+ * **kwargs packed, a test for Dynamo) was ~1 us of each call after a collective (2-core VM, slow phase).
+ * Dynamo cannot trace a builtin: patching.py registers a Python stand-in for it
+ * (torch.compiler.substitute_in_graph) that calls torch's function, which is what Dynamo traced in the shim.
+ * One Door per torch function for the life of the process (patching keeps them): what Dynamo registered by
+ * identity stays valid, and a new recorder only swaps the Hot. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *original; /* torch's function */
+    PyObject *hot;      /* a Hot, or NULL: torch's function alone */
+    PyObject *name;     /* bytes: def.ml_name points into it */
+    PyObject *doc;      /* bytes or NULL: def.ml_doc */
+    PyMethodDef def;
+} Door;
+
+static PyObject *
+door_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Door *door = (Door *)self;
+    PyObject *hot = door->hot;
+    if (hot == NULL)
+        return PyObject_Vectorcall(door->original, args, nargs, kwnames);
+    Py_INCREF(hot); /* another thread may swap it during the call */
+    Call call = {args, nargs, kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0 ? kwnames : NULL};
+    PyObject *result = hot_call((Hot *)hot, &call);
+    Py_DECREF(hot);
+    return result;
+}
+
+static PyObject *
+door_get_hot(Door *self, void *Py_UNUSED(closure))
+{
+    return new_ref(self->hot != NULL ? self->hot : Py_None);
+}
+
+static int
+door_set_hot(Door *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value != NULL && value != Py_None && Py_TYPE(value) != &HotType) {
+        PyErr_SetString(PyExc_TypeError, "Door.hot: a Hot or None");
+        return -1;
+    }
+    PyObject *hot = value == NULL || value == Py_None ? NULL : new_ref(value);
+    Py_XSETREF(self->hot, hot);
+    return 0;
+}
+
+static PyObject *
+door_get_original(Door *self, void *Py_UNUSED(closure))
+{
+    return new_ref(self->original);
+}
+
+static PyGetSetDef door_getset[] = {
+    {"hot", (getter)door_get_hot, (setter)door_set_hot, "the Hot taking the calls, or None: torch's function alone",
+     NULL},
+    {"original", (getter)door_get_original, NULL, "torch's function", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static int
+door_traverse(Door *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->original);
+    Py_VISIT(self->hot);
+    return 0;
+}
+
+static int
+door_clear(Door *self)
+{
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->hot);
+    return 0;
+}
+
+static void
+door_dealloc(Door *self)
+{
+    PyObject_GC_UnTrack(self);
+    door_clear(self);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->doc);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject DoorType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mycroft.instrumentation._hotpath.Door",
+    .tp_basicsize = sizeof(Door),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)door_traverse,
+    .tp_clear = (inquiry)door_clear,
+    .tp_dealloc = (destructor)door_dealloc,
+    .tp_getset = door_getset,
+    .tp_doc = "What a door function calls: its Hot, or torch's function (door.__self__).",
+};
+
+/* door(original, name, module, doc=None) -> a builtin function named `name` in `module` (its __doc__ `doc`),
+ * bound to a new Door */
+static PyObject *
+make_door(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *original, *name, *module_name, *doc = Py_None;
+    if (!PyArg_ParseTuple(args, "OUU|O:door", &original, &name, &module_name, &doc))
+        return NULL;
+    if (doc != Py_None && !PyUnicode_Check(doc)) {
+        PyErr_SetString(PyExc_TypeError, "door: doc must be a str or None");
+        return NULL;
+    }
+    if (!PyCallable_Check(original)) {
+        PyErr_SetString(PyExc_TypeError, "door: original must be callable");
+        return NULL;
+    }
+    Door *door = PyObject_GC_New(Door, &DoorType);
+    if (door == NULL)
+        return NULL;
+    door->original = new_ref(original);
+    door->hot = NULL;
+    door->doc = NULL;
+    door->name = PyUnicode_AsUTF8String(name);
+    if (door->name == NULL || (doc != Py_None && (door->doc = PyUnicode_AsUTF8String(doc)) == NULL)) {
+        Py_DECREF(door);
+        return NULL;
+    }
+    door->def = (PyMethodDef){PyBytes_AS_STRING(door->name), (PyCFunction)(void (*)(void))door_call,
+                              METH_FASTCALL | METH_KEYWORDS, door->doc ? PyBytes_AS_STRING(door->doc) : NULL};
+    PyObject_GC_Track(door);
+    PyObject *function = PyCFunction_NewEx(&door->def, (PyObject *)door, module_name);
+    Py_DECREF(door); /* the function holds it */
+    return function;
+}
 
 /* ------------------------------------------------------------------ Work.wait */
 
@@ -987,6 +1147,8 @@ static PyTypeObject WaitType = {
 };
 
 static PyMethodDef module_methods[] = {
+    {"door", make_door, METH_VARARGS,
+     "door(original, name, module, doc=None): the builtin function torch.distributed gets, bound to a Door"},
     {"configure", configure, METH_VARARGS,
      "configure(op_record_type, group_info_type, depth_type, payload_info, state_completed, state_in_flight): once"},
     {NULL, NULL, 0, NULL},
@@ -1000,7 +1162,8 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    if (PyType_Ready(&HotType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&CountersType) < 0)
+    if (PyType_Ready(&HotType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&CountersType) < 0 ||
+        PyType_Ready(&DoorType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)

@@ -18,8 +18,15 @@ class Hot:
                  group: tuple[int, str], payload: tuple[int, str], reduce_op: tuple[int, str],
                  async_op: tuple[int, str], root: Callable[..., None] | None, issues_many: bool,
                  compiler: Any = None) -> None: ...
-    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any: ...
     def counts(self) -> tuple[int, int]: ...
+
+class Door:
+    """What a door function is bound to (its __self__): its Hot, or None while torch's function takes the calls."""
+    hot: Hot | None
+    @property
+    def original(self) -> Callable[..., Any]: ...
+
+def door(original: Callable[..., Any], name: str, module: str, doc: str | None = None) -> Callable[..., Any]: ...
 
 class Wait:
     """torch's Work.wait with `waiters` one longer while a thread is inside it; binds as a method."""

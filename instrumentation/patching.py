@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from mycroft.instrumentation import ddp_wait
+from mycroft.instrumentation import ddp_wait, doors
 from mycroft.instrumentation.compile_phase import WATCH as COMPILE_WATCH
 from mycroft.instrumentation.flight_recorder import dump_functions
 from mycroft.instrumentation.groups import GroupInfo
@@ -80,21 +80,26 @@ def compiling_check() -> Callable[[], bool]:
         return _never_compiling
 
 
-def dynamo_tracing_check() -> tuple[Callable[[], bool], Any]:
-    """The compiled shim's own test: torch.compiler.is_dynamo_compiling (one frame; Dynamo reads it as True,
-    as it reads is_compiling) and torch.compiler, whose `_is_compiling_flag` the hot path reads in C for the
-    rest of is_compiling() (torch.export, AOT tracing). is_compiling calls torch.jit.is_scripting: two
-    frames, ~2 us a call after a collective has left the caches cold (2-core VM). (compiling_check(),
-    None) on a torch without it."""
-    try:
-        import torch
-
-        return torch.compiler.is_dynamo_compiling, torch.compiler
-    except Exception:
-        return compiling_check(), None
-
-
 _MARK = "__mycroft_wrapped__"
+
+
+def installed_by_us(fn: Any) -> bool:
+    """A wrapper of ours (marked), or a door (a builtin: it takes no mark)."""
+    return bool(getattr(fn, _MARK, False)) or doors.door_of(fn) is not None
+
+
+def original_of(fn: Any) -> Any:
+    """torch's function behind what we installed (fn itself where it is torch's)."""
+    found = doors.door_of(fn)
+    if found is not None:
+        return found.__self__.original
+    return fn.__wrapped__ if getattr(fn, _MARK, False) else fn
+
+
+def hot_path_of(fn: Any) -> Any:
+    """The compiled hot path (a `_hotpath.Hot`) taking fn's calls, or None."""
+    found = doors.door_of(fn)
+    return found.__self__.hot if found is not None else None
 
 
 class Patcher:
@@ -110,17 +115,20 @@ class Patcher:
         (torch compares identities, e.g. P2POp checks `op in [isend, irecv]`).
         """
         original = getattr(owner, name, None)
-        if original is None or getattr(original, _MARK, False):
+        if original is None or installed_by_us(original):
             return
         wrapped = self._wrapped.get(id(original))
         if wrapped is None:
             wrapped = make(original)
-            setattr(wrapped, _MARK, True)
+            if doors.door_of(wrapped) is None:
+                setattr(wrapped, _MARK, True)
             self._wrapped[id(original)] = wrapped
         self._saved.append((owner, name, original))
         setattr(owner, name, wrapped)
 
     def uninstall(self) -> None:
+        for wrapped in self._wrapped.values():
+            doors.detach(wrapped)  # a caller still holding a door reaches torch's function alone
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()
@@ -176,8 +184,8 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
     """The wrapper of one torch.distributed function. The hot path: everything that does not change
     per call (the API name, bound methods, the spec's flags) is looked up here, once.
 
-    hot_path: where the compiled hot path is built, the function torch.distributed gets is a thin shim
-    that hands each call to it (`_compiled_shim`); this Python wrapper then takes only what it delegates.
+    hot_path: where the compiled hot path is built, the function torch.distributed gets is a door to it
+    (`_compiled_door`); this Python wrapper then takes only what it delegates.
     """
     api = C10D_PREFIX + spec.api
     per_thread = recorder.per_thread
@@ -220,37 +228,33 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
         return result
 
     if hot_path and _hotpath is not None and not spec.is_p2p and not spec.always_async:
-        return _compiled_shim(_hotpath, recorder, spec, original, wrapper, api)
+        return _compiled_door(_hotpath, recorder, spec, original, wrapper, api)
     return wrapper
 
 
-def _compiled_shim(compiled: ModuleType, recorder: Recorder, spec: OpSpec, original: Callable[..., Any],
+def _compiled_door(compiled: ModuleType, recorder: Recorder, spec: OpSpec, original: Callable[..., Any],
                    wrapper: Callable[..., Any], api: str) -> Callable[..., Any]:
-    """A Python function (Dynamo traces into it, as into the wrapper: no graph break, fullgraph works)
-    whose every call outside compilation goes to the compiled hot path, which records a collective on
-    a host-synchronous group in about half the Python wrapper's time and hands anything else to
-    `wrapper` whole. Falls back to `wrapper` if the compiled object cannot be made."""
+    """torch's function's door (doors.py), now calling the compiled hot path, which records a collective
+    on a host-synchronous group in about half the Python wrapper's time and hands anything else to
+    `wrapper` whole; a Python shim in front of it where Dynamo could not trace the door. Falls back to
+    `wrapper` if the compiled objects cannot be made."""
     root = None
     if spec.root[1]:
         def root(record: OpRecord, info: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
             Recorder._root_field(record, spec, info, args, kwargs or {})
-    tracing, compiler = dynamo_tracing_check()
+    # torch.compiler's `_is_compiling_flag` is read in C for what is_compiling() answers beyond Dynamo
+    # (torch.export, AOT tracing): calling is_compiling was two frames, ~2 us after a collective (2-core VM)
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
     try:
         fast = compiled.Hot(slow=wrapper, original=original, recorder=recorder, api=api, op=spec.op,
                             group=spec.group, payload=spec.payload, reduce_op=spec.reduce_op,
                             async_op=spec.async_op, root=root, issues_many=spec.issues_many, compiler=compiler)
+        door = doors.door(compiled, original)
     except Exception as exc:
         log.info("mycroft: compiled hot path unavailable for %s (%r); Python wrapper", spec.api, exc)
         return wrapper
-
-    @functools.wraps(original)
-    def shim(*args: Any, **kwargs: Any) -> Any:
-        if tracing():
-            return original(*args, **kwargs)
-        return fast(args, kwargs)
-
-    shim.mycroft_hot_path = fast  # type: ignore[attr-defined]  # tests read its counts()
-    return shim
+    door.__self__.hot = fast
+    return door if doors.traceable(door) else doors.shim(door)
 
 
 def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -467,7 +471,7 @@ class _DdpHookState:
         self.dist = dist  # not imported per bucket
         # torch's all_reduce, past our own wrapper (which would only pass the call through: depth > 0)
         all_reduce = dist.all_reduce
-        self.all_reduce = all_reduce.__wrapped__ if getattr(all_reduce, _MARK, False) else all_reduce
+        self.all_reduce = original_of(all_reduce)
         self.process_group = process_group
         self.recorder = recorder
         self.begin = recorder.beginner(_ALL_REDUCE, DDP_API)
@@ -641,6 +645,11 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    try:  # before any c10d function is replaced: funcol's table of what Dynamo rewrites keeps torch's functions
+        import torch.distributed._functional_collectives as funcol
+    except Exception as exc:  # older torch without functional collectives
+        funcol = None
+        log.info("mycroft: functional collectives not traced (%r)", exc)
     for spec in C10D_SPECS:
         for owner in (c10d, dist):
             patcher.replace(owner, spec.api, functools.partial(_collective_wrapper, recorder, spec, hot_path=hot_path))
@@ -688,14 +697,10 @@ def install(patcher: Patcher, recorder: Recorder, ddp_hook: bool | None,
     if work_type is not None:
         patcher.replace(work_type, "wait", lambda original: _work_wait_wrapper(recorder, original, hot_path))
 
-    try:
-        import torch.distributed._functional_collectives as funcol
-
+    if funcol is not None:
         for spec in FUNCOL_SPECS:
             patcher.replace(funcol, spec.api, functools.partial(_funcol_wrapper, recorder, spec))
         patcher.replace(funcol, "wait_tensor", lambda original: _wait_tensor_wrapper(recorder, original))
-    except Exception as exc:  # older torch without functional collectives
-        log.info("mycroft: functional collectives not traced (%r)", exc)
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 

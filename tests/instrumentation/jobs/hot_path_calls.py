@@ -113,8 +113,8 @@ def main() -> None:
 
 def _taken() -> int:
     """Calls the installed compiled hot paths took (0 with it off)."""
-    shims = {id(fn): fn for fn in vars(dist).values() if hasattr(fn, "mycroft_hot_path")}
-    return sum(fn.mycroft_hot_path.counts()[0] for fn in shims.values())
+    hot = {id(h): h for h in (patching.hot_path_of(fn) for fn in vars(dist).values()) if h is not None}
+    return sum(h.counts()[0] for h in hot.values())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ x = torch.ones(3) * 2
 print("RESULT", x.sum().item())
 print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("mycroft")))
 import torch.distributed as dist  # noqa: E402
+from mycroft.instrumentation import patching  # noqa: E402
 
-print("PATCHED", getattr(dist.all_reduce, "__mycroft_wrapped__", False))
+print("PATCHED", patching.installed_by_us(dist.all_reduce))
 sys.exit(3)

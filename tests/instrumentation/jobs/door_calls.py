@@ -1,0 +1,104 @@
+"""The doors torch.distributed gets (instrumentation/doors.py), in a real 1-rank gloo process.
+
+    python door_calls.py MODE      MODE: deferred | dynamo_first | registration_fails
+
+deferred: torch._dynamo not imported when instrumenting (its stand-ins registered by the post-import hook);
+dynamo_first: imported before; registration_fails: torch.compiler.substitute_in_graph raises (the door must
+be replaced by a Python shim wherever torch has it). Each mode then: eager calls recorded; a fullgraph
+torch.compile of a function with a c10d all_reduce and all_gather_into_tensor (computes as in eager, no
+graph break, torch's functional collectives in the graph as without Mycroft); a second recorder after
+uninstrument / instrument; a door held across uninstrument (torch's function alone). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+from mycroft.instrumentation import doors, patching
+from mycroft.instrumentation.instrumentor import MycroftInstrumentor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+
+class Null(SpanExporter):
+    def export(self, spans: object) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def compiled_step(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    dist.all_reduce(y)
+    out = torch.empty_like(y)
+    dist.all_gather_into_tensor(out, y)
+    return out + 1
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "dynamo_first":
+        importlib.import_module("torch._dynamo")
+    if mode == "registration_fails":
+        def refuse(*args: object, **kwargs: object) -> object:
+            raise RuntimeError("no stand-ins here")
+
+        torch.compiler.substitute_in_graph = refuse  # type: ignore[assignment]
+    dynamo_at_install = "torch._dynamo" in sys.modules
+    instrumentor = MycroftInstrumentor()
+    instrumentor.instrument(span_exporter=Null())
+    installed_kind = type(dist.all_reduce).__name__
+    held = dist.all_reduce  # as `from torch.distributed import all_reduce` would hold it
+    recorder = instrumentor._recorder
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/s", rank=0, world_size=1)
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.all_reduce(tensor=t, group=None, async_op=False)
+    eager_ops = [r.op for r in recorder.queue]
+
+    from torch._dynamo.utils import counters
+
+    targets: list[str] = []
+
+    def capture(graph: torch.fx.GraphModule, inputs: object) -> object:
+        targets.extend(str(node.target) for node in graph.graph.nodes if node.op == "call_function")
+        return graph.forward
+
+    expected = compiled_step(torch.ones(4))  # eager, through the doors
+    compiled = torch.compile(compiled_step, fullgraph=True, backend=capture)
+    got = compiled(torch.ones(4))
+    after_compile_kind = type(dist.all_reduce).__name__
+
+    instrumentor.uninstrument()
+    plain = dist.all_reduce
+    instrumentor.instrument(span_exporter=Null())
+    again = instrumentor._recorder
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    second_recorded = len(again.queue)
+    instrumentor.uninstrument()
+    before = len(again.queue)
+    held(t)  # detached: torch's function alone
+    print(json.dumps({
+        "dynamo_at_install": dynamo_at_install,
+        "installed_kind": installed_kind,
+        "after_compile_kind": after_compile_kind,
+        "eager_ops": eager_ops,
+        "compiled_equal": bool(torch.equal(expected, got)),
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graph_targets": targets,
+        "held_is_door": doors.door_of(held) is held,
+        "held_detached": patching.hot_path_of(held) is None,
+        "restored": dist.all_reduce is plain and type(plain).__name__ == "function",
+        "second_recorded": second_recorded,
+        "after_uninstrument_recorded": len(again.queue) - before,
+        "final_value": t[0].item(),
+    }))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

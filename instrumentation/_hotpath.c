@@ -912,6 +912,7 @@ typedef struct {
     PyObject *hot;      /* a Hot, or NULL: torch's function alone */
     PyObject *name;     /* bytes: def.ml_name points into it */
     PyObject *doc;      /* bytes or NULL: def.ml_doc */
+    PyObject *module;   /* str: the module whose attribute `name` the door stands for */
     PyMethodDef def;
 } Door;
 
@@ -953,6 +954,28 @@ door_get_original(Door *self, void *Py_UNUSED(closure))
     return new_ref(self->original);
 }
 
+/* A door pickles as its builtin does, (getattr, (door, name)), and the door as the module it stands in:
+ * unpickled, the name is looked up there (the door where that process is instrumented, torch's function
+ * where not), as a Python function of that module would be (Ray and multiprocessing pickle callables). */
+static PyObject *
+door_reduce(Door *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *importlib = PyImport_ImportModule("importlib");
+    if (importlib == NULL)
+        return NULL;
+    PyObject *import_module = PyObject_GetAttrString(importlib, "import_module");
+    Py_DECREF(importlib);
+    if (import_module == NULL)
+        return NULL;
+    PyObject *reduced = Py_BuildValue("(N(O))", import_module, self->module);
+    return reduced;
+}
+
+static PyMethodDef door_methods[] = {
+    {"__reduce__", (PyCFunction)door_reduce, METH_NOARGS, "pickled as the module it stands in"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef door_getset[] = {
     {"hot", (getter)door_get_hot, (setter)door_set_hot, "the Hot taking the calls, or None: torch's function alone",
      NULL},
@@ -983,6 +1006,7 @@ door_dealloc(Door *self)
     door_clear(self);
     Py_CLEAR(self->name);
     Py_CLEAR(self->doc);
+    Py_CLEAR(self->module);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -995,6 +1019,7 @@ static PyTypeObject DoorType = {
     .tp_clear = (inquiry)door_clear,
     .tp_dealloc = (destructor)door_dealloc,
     .tp_getset = door_getset,
+    .tp_methods = door_methods,
     .tp_doc = "What a door function calls: its Hot, or torch's function (door.__self__).",
 };
 
@@ -1020,6 +1045,7 @@ make_door(PyObject *Py_UNUSED(module), PyObject *args)
     door->original = new_ref(original);
     door->hot = NULL;
     door->doc = NULL;
+    door->module = new_ref(module_name);
     door->name = PyUnicode_AsUTF8String(name);
     if (door->name == NULL || (doc != Py_None && (door->doc = PyUnicode_AsUTF8String(doc)) == NULL)) {
         Py_DECREF(door);

@@ -135,6 +135,7 @@ def test_door_records_eager_calls_and_lets_dynamo_compile_them(mode: str) -> Non
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts["dynamo_at_install"] == (mode == "dynamo_first")
     assert facts["installed_kind"] == "builtin_function_or_method"
+    assert facts["pickles"] and facts["held_unpickles_to_torch"]  # by name, as torch's own function does
     # the stand-in registered: the door stays; refused: a Python shim took its place in torch's modules
     assert facts["after_compile_kind"] == ("function" if mode == "registration_fails" else "builtin_function_or_method")
     assert facts["eager_ops"] == ["all_reduce"] * 4

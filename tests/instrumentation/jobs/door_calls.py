@@ -7,13 +7,14 @@ dynamo_first: imported before; registration_fails: torch.compiler.substitute_in_
 be replaced by a Python shim wherever torch has it). Each mode then: eager calls recorded; a fullgraph
 torch.compile of a function with a c10d all_reduce and all_gather_into_tensor (computes as in eager, no
 graph break, torch's functional collectives in the graph as without Mycroft); a second recorder after
-uninstrument / instrument; a door held across uninstrument (torch's function alone). Prints one JSON line.
+uninstrument / instrument; a door held across uninstrument (torch's function alone); pickling. Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import pickle
 import sys
 import tempfile
 
@@ -50,6 +51,8 @@ def main() -> None:
     instrumentor = MycroftInstrumentor()
     instrumentor.instrument(span_exporter=Null())
     installed_kind = type(dist.all_reduce).__name__
+    # pickled by name, as a Python function of torch.distributed would be (Ray, multiprocessing)
+    pickles = pickle.loads(pickle.dumps(dist.all_reduce)) is dist.all_reduce
     held = dist.all_reduce  # as `from torch.distributed import all_reduce` would hold it
     recorder = instrumentor._recorder
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/s", rank=0, world_size=1)
@@ -82,9 +85,12 @@ def main() -> None:
     instrumentor.uninstrument()
     before = len(again.queue)
     held(t)  # detached: torch's function alone
+    held_unpickles_to_torch = pickle.loads(pickle.dumps(held)) is plain
     print(json.dumps({
         "dynamo_at_install": dynamo_at_install,
         "installed_kind": installed_kind,
+        "pickles": pickles,
+        "held_unpickles_to_torch": held_unpickles_to_torch,
         "after_compile_kind": after_compile_kind,
         "eager_ops": eager_ops,
         "compiled_equal": bool(torch.equal(expected, got)),

@@ -188,6 +188,7 @@ plain_fn = dist.all_reduce
 os.environ["MYCROFT_HOT_PATH"] = "1"
 instrumentor.instrument(span_exporter=Null())
 installed_fn = dist.all_reduce
+installed_compiled = patching.hot_path_of(installed_fn) is not None  # (uninstrumenting detaches it)
 spec = next(s for s in C10D_SPECS if s.api == "all_reduce")
 wrapper_fn = patching._collective_wrapper(instrumentor._recorder, spec, plain_fn, hot_path=False)
 paired = {"plain": [], "installed": [], "python": []}
@@ -254,7 +255,7 @@ for k, v in res.items():
               "added_median_ns": statistics.median(pairs), "added_min_ns": min(v["traced"]) - min(v["plain"]),
               "pairs_q1_ns": pairs[len(pairs) // 4], "pairs_q3_ns": pairs[(3 * len(pairs)) // 4]}
 out["python_call_paired"] = {"plain_ns": statistics.median(paired["plain"]),
-                             "compiled": patching.hot_path_of(installed_fn) is not None,
+                             "compiled": installed_compiled,
                              "installed": spread(paired["installed"], paired["plain"]),
                              "python_wrapper": spread(paired["python"], paired["plain"]),
                              "installed_vs_python": spread(paired["installed"], paired["python"])}

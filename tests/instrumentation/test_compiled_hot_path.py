@@ -125,19 +125,23 @@ def test_torch_work_wait_is_the_compiled_one_while_instrumented() -> None:
 DOOR_JOB = Path(__file__).parent / "jobs" / "door_calls.py"
 
 
-@pytest.mark.parametrize("mode", ["deferred", "dynamo_first", "registration_fails"])
+@pytest.mark.parametrize("mode", ["deferred", "dynamo_first", "registration_fails", "no_substitute"])
 def test_door_records_eager_calls_and_lets_dynamo_compile_them(mode: str) -> None:
     """torch.distributed holds a builtin door; Dynamo gets a stand-in for it whether it is imported after
     instrumenting (post-import hook) or before, and a shim takes the door's place where it cannot: in every
-    case a fullgraph compile of c10d collectives computes as in eager with no graph break."""
+    case a fullgraph compile of c10d collectives computes as in eager with no graph break; a torch without
+    substitute_in_graph gets the shim from the start."""
     result = subprocess.run([sys.executable, str(DOOR_JOB), mode], capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     facts = json.loads(result.stdout.strip().splitlines()[-1])
     assert facts["dynamo_at_install"] == (mode == "dynamo_first")
-    assert facts["installed_kind"] == "builtin_function_or_method"
-    assert facts["pickles"] and facts["held_unpickles_to_torch"]  # by name, as torch's own function does
+    # a torch without substitute_in_graph: the shim in front of the door from the start
+    assert facts["installed_kind"] == ("function" if mode == "no_substitute" else "builtin_function_or_method")
+    assert facts["pickles"]  # by name, as torch's own function does
+    assert facts["held_unpickles_to_torch"] is (None if mode == "no_substitute" else True)
     # the stand-in registered: the door stays; refused: a Python shim took its place in torch's modules
-    assert facts["after_compile_kind"] == ("function" if mode == "registration_fails" else "builtin_function_or_method")
+    assert facts["after_compile_kind"] == ("function" if mode in ("registration_fails", "no_substitute")
+                                           else "builtin_function_or_method")
     assert facts["eager_ops"] == ["all_reduce"] * 4
     assert facts["compiled_equal"] and facts["graph_breaks"] == 0
     # Dynamo rewrote torch's collectives as it does without Mycroft (not the door called from the graph)
@@ -145,7 +149,8 @@ def test_door_records_eager_calls_and_lets_dynamo_compile_them(mode: str) -> Non
     assert ops == ["_c10d_functional.all_reduce", "_c10d_functional.wait_tensor",
                    "_c10d_functional.all_gather_into_tensor", "_c10d_functional.wait_tensor"], ops
     # uninstrumented: torch's own function is back, and a door someone still holds records nothing
-    assert facts["restored"] and facts["held_is_door"] and facts["held_detached"]
+    assert facts["restored"] and facts["held_detached"]
+    assert facts["held_is_door"] == (mode != "no_substitute")  # a held shim fronts the same door
     assert facts["second_recorded"] == 2 and facts["after_uninstrument_recorded"] == 0
     if mode == "registration_fails":
         assert result.stderr.count("Dynamo cannot trace all_reduce through its door") == 1  # said once

@@ -1,10 +1,11 @@
 """The doors torch.distributed gets (instrumentation/doors.py), in a real 1-rank gloo process.
 
-    python door_calls.py MODE      MODE: deferred | dynamo_first | registration_fails
+    python door_calls.py MODE      MODE: deferred | dynamo_first | registration_fails | no_substitute
 
 deferred: torch._dynamo not imported when instrumenting (its stand-ins registered by the post-import hook);
 dynamo_first: imported before; registration_fails: torch.compiler.substitute_in_graph raises (the door must
-be replaced by a Python shim wherever torch has it). Each mode then: eager calls recorded; a fullgraph
+be replaced by a Python shim wherever torch has it); no_substitute: a torch without substitute_in_graph (the shim
+is installed in front of the door from the start). Each mode then: eager calls recorded; a fullgraph
 torch.compile of a function with a c10d all_reduce and all_gather_into_tensor (computes as in eager, no
 graph break, torch's functional collectives in the graph as without Mycroft); a second recorder after
 uninstrument / instrument; a door held across uninstrument (torch's function alone); pickling. Prints one JSON line.
@@ -47,6 +48,8 @@ def main() -> None:
             raise RuntimeError("no stand-ins here")
 
         torch.compiler.substitute_in_graph = refuse  # type: ignore[assignment]
+    if mode == "no_substitute":
+        del torch.compiler.substitute_in_graph
     dynamo_at_install = "torch._dynamo" in sys.modules
     instrumentor = MycroftInstrumentor()
     instrumentor.instrument(span_exporter=Null())
@@ -85,7 +88,8 @@ def main() -> None:
     instrumentor.uninstrument()
     before = len(again.queue)
     held(t)  # detached: torch's function alone
-    held_unpickles_to_torch = pickle.loads(pickle.dumps(held)) is plain
+    # (a held shim, a Python function no longer at its name, cannot be pickled by name: as torch's own)
+    held_unpickles_to_torch = pickle.loads(pickle.dumps(held)) is plain if doors.door_of(held) is held else None
     print(json.dumps({
         "dynamo_at_install": dynamo_at_install,
         "installed_kind": installed_kind,

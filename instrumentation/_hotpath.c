@@ -902,9 +902,9 @@ static PyTypeObject HotType = {
  * A builtin function (METH_FASTCALL | METH_KEYWORDS) bound to a Door, which hands every call to its Hot, or to
  * torch's function while it has none. A Python function in between (the shim this replaced: a frame, *args /
  * **kwargs packed, a test for Dynamo) was ~1 us of each call after a collective (2-core VM, slow phase).
- * Dynamo cannot trace a builtin: patching.py registers a Python stand-in for it
+ * Dynamo cannot trace a builtin: doors.py registers a Python stand-in for it
  * (torch.compiler.substitute_in_graph) that calls torch's function, which is what Dynamo traced in the shim.
- * One Door per torch function for the life of the process (patching keeps them): what Dynamo registered by
+ * One Door per torch function for the life of the process (doors.py keeps them): what Dynamo registered by
  * identity stays valid, and a new recorder only swaps the Hot. */
 typedef struct {
     PyObject_HEAD

@@ -49,7 +49,7 @@ class _Originals:
 _originals = _Originals()
 _traceable: set[int] = set()  # ids of doors Dynamo has a stand-in for
 _waiting: list[Any] = []  # doors made before Dynamo was imported
-_refused: set[str] = set()  # doors Dynamo refused a stand-in (logged once)
+_refused: set[int] = set()  # ids of doors Dynamo refused a stand-in (logged once)
 _hook_set = False
 
 
@@ -57,7 +57,7 @@ def door(compiled: ModuleType, original: Callable[..., Any]) -> Any:
     """torch's function's door, made once per process."""
     with _lock:
         found = _doors.get(id(original))
-        if found is not None and found.__self__.original is original:
+        if found is not None:  # it holds `original`: the id is still that function's
             return found
         made = compiled.door(original, getattr(original, "__name__", "collective"),
                              getattr(original, "__module__", None) or "torch.distributed",
@@ -80,7 +80,8 @@ def traceable(door_fn: Any) -> bool:
         if id(door_fn) in _traceable:
             return True
         if _DYNAMO not in sys.modules:
-            _waiting.append(door_fn)
+            if not any(door_fn is waiting for waiting in _waiting):  # instrumented again before Dynamo came
+                _waiting.append(door_fn)
             if not _hook_set:
                 import wrapt
 
@@ -101,6 +102,9 @@ def _on_dynamo_import(_module: ModuleType) -> None:
 
 
 def _register(door_fn: Any) -> bool:
+    with _lock:
+        if id(door_fn) in _traceable:  # Dynamo refuses a second stand-in for the same door
+            return True
     original = door_fn.__self__.original
     key = f"d{id(door_fn)}"
 
@@ -114,8 +118,8 @@ def _register(door_fn: Any) -> bool:
         torch.compiler.substitute_in_graph(door_fn, skip_signature_check=True)(traced)
     except Exception as exc:
         with _lock:
-            first = key not in _refused
-            _refused.add(key)
+            first = id(door_fn) not in _refused
+            _refused.add(id(door_fn))
         if first:
             log.warning("mycroft: Dynamo cannot trace %s through its door (%r); a Python shim takes its calls",
                         getattr(original, "__name__", original), exc)

@@ -2,7 +2,7 @@
 
     python door_calls.py MODE      MODE: deferred | dynamo_first | registration_fails | no_substitute
 
-deferred: torch._dynamo not imported when instrumenting (its stand-ins registered by the post-import hook);
+deferred: torch._dynamo not imported when instrumenting, twice (its stand-ins registered by the post-import hook);
 dynamo_first: imported before; registration_fails: torch.compiler.substitute_in_graph raises (the door must
 be replaced by a Python shim wherever torch has it); no_substitute: a torch without substitute_in_graph (the shim
 is installed in front of the door from the start). Each mode then: eager calls recorded; a fullgraph
@@ -52,6 +52,9 @@ def main() -> None:
         del torch.compiler.substitute_in_graph
     dynamo_at_install = "torch._dynamo" in sys.modules
     instrumentor = MycroftInstrumentor()
+    if mode == "deferred":  # instrumented twice before Dynamo comes: each door still gets one stand-in
+        instrumentor.instrument(span_exporter=Null())
+        instrumentor.uninstrument()
     instrumentor.instrument(span_exporter=Null())
     installed_kind = type(dist.all_reduce).__name__
     # pickled by name, as a Python function of torch.distributed would be (Ray, multiprocessing)

@@ -13,6 +13,17 @@ class Counters:
     comm_since_ns: int
     ops_done: int
 
+class Ring:
+    """The compiled hot path's sync ops in fixed slots (Recorder.ring); the runtime makes their OpRecords."""
+    in_flight: int
+    taken: int
+    full: int
+    def __init__(self, capacity: int) -> None: ...
+    def __len__(self) -> int: ...
+    def drain(self) -> list[Any]: ...
+    def inflight(self) -> list[Any]: ...
+    def done(self) -> list[Any]: ...
+
 class Hot:
     def __init__(self, slow: Callable[..., Any], original: Callable[..., Any], recorder: Any, api: str, op: str,
                  group: tuple[int, str], payload: tuple[int, str], reduce_op: tuple[int, str],

@@ -356,19 +356,15 @@ class Runtime:
             self.shipper.submit([self._heartbeat(now)], urgent=True)
 
     def _drain_ops(self) -> None:
-        queue = self.recorder.queue
-        if not queue:
+        records = self.recorder.take_done()
+        if not records:
             return
         spans: list[SpanRecord] = []
         # per record, on this thread, holding the GIL the training thread waits for: what is looked up
         # per op (the budget, the digests, the groups' trace-id functions) is looked up once here
         keep, add_digest, job_id = self.budget.keep, self._digests.add, self.job_id
-        p2p_ops, trace_ids, popleft = schema.P2P_OPS, schema.collective_trace_ids, queue.popleft
-        for _ in range(len(queue)):
-            try:
-                record = popleft()
-            except IndexError:  # final() on another thread drained it meanwhile
-                break
+        p2p_ops, trace_ids = schema.P2P_OPS, schema.collective_trace_ids
+        for record in records:
             gid = record.group.gid
             if record.op in p2p_ops:
                 trace_id = op_trace_id(record, job_id)
@@ -496,7 +492,7 @@ class Runtime:
             return
         known = {(op.gid, op.seq) for op in self._py_ops}
         known.update((r.group.gid, r.seq) for r in recorder.snapshot_inflight() if r.op not in schema.P2P_OPS)
-        known.update((r.group.gid, r.seq) for r in list(recorder.queue) if r.op not in schema.P2P_OPS)
+        known.update((r.group.gid, r.seq) for r in recorder.done_not_taken() if r.op not in schema.P2P_OPS)
         known.update(self._fr_ops)
         unknown = [(info, seq) for info in open_groups
                    for seq in range(max(info.fr_completed, info.completed) + 1, info.fr_enqueued + 1)

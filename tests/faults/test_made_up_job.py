@@ -68,7 +68,7 @@ def real_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealRank]:
             runtime = instrumentor.runtime
             assert runtime is not None
             deadline = time.monotonic() + 10
-            while runtime.recorder.queue and time.monotonic() < deadline:  # drained by the runtime thread
+            while runtime.recorder.done_not_taken() and time.monotonic() < deadline:  # drained by the runtime thread
                 time.sleep(0.01)
             time.sleep(0.1)
             live = runtime._heartbeat(time.time_ns())

@@ -52,6 +52,20 @@ def test_compiled_and_python_paths_record_the_same() -> None:
     assert [r["root"] for r in records if r["op"] == "broadcast"] == [0, 0]
 
 
+def test_sync_ops_go_through_the_ring_and_overflow_into_records() -> None:
+    """The compiled path writes each plain sync collective into the recorder's ring (no OpRecord on the
+    training thread), the failed one included (it leaves the ring as a record); past the ring's slots the
+    calls are OpRecords in the queue, nothing dropped, every seq once and in order."""
+    ring = _recorded(hot=True)["ring"]
+    # every call the compiled path took but the async all_reduce and the two broadcasts (a root: a record)
+    assert ring["taken"] == _recorded(hot=True)["taken"] - 3 == 12
+    assert ring["full"] == 0
+    assert ring["seqs_in_order"]  # 5,000 calls, 4,096 slots: 4,096 from the ring, then 904 records
+    assert ring["full_after_many"] == 5000 - 4096
+    assert _recorded(hot=False)["ring"] == {"taken": 0, "full": 0, "seqs_in_order": False,
+                                            "full_after_many": 0}  # the Python path: its queue of 4,096
+
+
 def test_compiled_hot_path_follows_a_new_recorder_in_every_thread() -> None:
     """A second recorder in the same process: the depth the compiled path keeps per thread follows it, in
     the main thread and in another; an all_reduce inside another wrapped call is not recorded again."""

@@ -66,7 +66,7 @@ def main() -> None:
     for _ in range(3):
         dist.all_reduce(t)
     dist.all_reduce(tensor=t, group=None, async_op=False)
-    eager_ops = [r.op for r in recorder.queue]
+    eager_ops = [r.op for r in recorder.done_not_taken()]
 
     from torch._dynamo.utils import counters
 
@@ -87,9 +87,9 @@ def main() -> None:
     again = instrumentor._recorder
     dist.all_reduce(t)
     dist.all_reduce(t)
-    second_recorded = len(again.queue)
+    second_recorded = len(again.done_not_taken())
     instrumentor.uninstrument()
-    before = len(again.queue)
+    before = len(again.done_not_taken())
     held(t)  # detached: torch's function alone
     # (a held shim, a Python function no longer at its name, cannot be pickled by name: as torch's own)
     held_unpickles_to_torch = pickle.loads(pickle.dumps(held)) is plain if doors.door_of(held) is held else None
@@ -107,7 +107,7 @@ def main() -> None:
         "held_detached": patching.hot_path_of(held) is None,
         "restored": dist.all_reduce is plain and type(plain).__name__ == "function",
         "second_recorded": second_recorded,
-        "after_uninstrument_recorded": len(again.queue) - before,
+        "after_uninstrument_recorded": len(again.done_not_taken()) - before,
         "final_value": t[0].item(),
     }))
     dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """A fixed sequence of torch.distributed calls on a 1-rank gloo group, recorded with the compiled hot path
 on or off (argv[1]); prints what the recorder holds afterwards as JSON (tests/instrumentation/
-test_compiled_hot_path.py compares the two). No runtime: the records stay in the queue to be read."""
+test_compiled_hot_path.py compares the two). No runtime: the records stay in the ring and the queue to be
+read."""
 
 from __future__ import annotations
 
@@ -58,26 +59,32 @@ def main() -> None:
     del torch.Tensor.nbytes
     dist.all_reduce(t)
     deadline = time.monotonic() + 5
-    while recorder.inflight and time.monotonic() < deadline:  # the async op completes in its future's callback
+    while not recorder.idle() and time.monotonic() < deadline:  # the async op completes in its future's callback
         time.sleep(0.01)
 
     records = [{"api": r.api, "op": r.op, "group": r.group.gid, "seq": r.seq, "bytes": r.bytes,
                 "dtype": str(r.dtype), "reduce_op": str(r.reduce_op), "async_op": r.async_op, "state": r.state,
                 "root": r.root, "error": r.error.split(":")[0], "timing": r.timing, "device": r.device,
                 "timed": 0 < r.start_ns <= r.end_ns}
-               for r in recorder.queue]
+               for r in sorted(recorder.take_done(), key=lambda r: r.start_ns)]  # in issue order
     groups = sorted((info.gid, info.issued, info.completed) for info in recorder.groups.all())
     taken = _taken()
 
-    # nothing leaks per call: the tensor and the group are referenced as before after many calls
-    recorder.queue.clear()
+    ring = {"taken": recorder.ring.taken, "full": recorder.ring.full}
+
+    # nothing leaks per call: the tensor and the group are referenced as before after many calls, more calls
+    # than the ring holds (the rest are OpRecords in the queue)
     before = (sys.getrefcount(t), sys.getrefcount(sub))
-    for _ in range(2000):
+    for _ in range(5000):
         dist.all_reduce(t, group=sub)
-    recorder.queue.clear()
+    many = recorder.take_done()
+    ring["seqs_in_order"] = [r.seq for r in many] == list(range(many[0].seq, many[0].seq + 5000))
+    ring["full_after_many"] = recorder.ring.full
+    del many
     after = (sys.getrefcount(t), sys.getrefcount(sub))
     print(json.dumps({"records": records, "groups": groups, "errors": errors, "ops_done": recorder.counters.ops_done,
-                      "inflight": len(recorder.inflight), "recorder_errors": recorder.errors,
+                      "inflight": len(recorder.snapshot_inflight()), "recorder_errors": recorder.errors,
+                      "ring": ring,
                       "taken": taken, "refcounts": [before, after], "comm_ns": recorder.counters.comm_ns > 0,
                       "work_wait": [*installed_wait, recorder.waiting]}))
     patcher.uninstall()
@@ -104,7 +111,7 @@ def main() -> None:
     thread.join()
     outer(t, 0)
     dist.all_reduce(t)
-    second = {"records": sorted([r.api, r.op, r.group.gid, r.seq, r.state] for r in again.queue),
+    second = {"records": sorted([r.api, r.op, r.group.gid, r.seq, r.state] for r in again.take_done()),
               "taken": _taken(), "ops_done": again.counters.ops_done}
     patcher.uninstall()
     print(json.dumps({"second": second}))

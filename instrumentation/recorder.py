@@ -9,8 +9,10 @@ on any failure the op runs unrecorded and the failure is counted.
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import logging
+import operator
 import sys
 import threading
 import time
@@ -120,6 +122,7 @@ Beginner = Callable[[tuple[Any, ...], dict[str, Any], Any], OpRecord | None]
 
 
 _KEYWORD_ONLY = sys.maxsize
+_end_ns = operator.attrgetter("end_ns")
 # slots of the hot path's ring: more than the sync ops of one runtime tick in a tight loop of small
 # collectives (~8,000 in 0.25 s); when full, ops are OpRecords in the queue as before (80 bytes a slot)
 RING_SLOTS = 8192
@@ -534,15 +537,20 @@ class Recorder:
         return [*self.inflight.values(), *self.ring.inflight()]
 
     def take_done(self) -> list[OpRecord]:
-        """The done ops waiting for the runtime, oldest first per path: the ring's, then the queue's."""
-        records = self.ring.drain()
+        """The done ops waiting for the runtime, in the order they completed (the ring's and the queue's
+        merged: the trace budget decides a stream's ops in seq order, as the queue alone gave them)."""
+        ringed = self.ring.drain()
         queue = self.queue
+        queued = []
         for _ in range(len(queue)):
             try:
-                records.append(queue.popleft())
+                queued.append(queue.popleft())
             except IndexError:  # drained on another thread meanwhile (final() at exit)
                 break
-        return records
+        if not ringed or not queued:
+            return ringed or queued
+        ringed.sort(key=_end_ns)  # in the order they began: a thread's op can outlast another's
+        return list(heapq.merge(ringed, queued, key=_end_ns))
 
     def done_not_taken(self) -> list[OpRecord]:
         """Copies of the done ops take_done has not taken yet."""

@@ -46,6 +46,13 @@ DEFAULT_PHASES: tuple[Phase, ...] = (
           innermost=_LIBRARY_FRAME),
     # torch imports much lazily on first use (DTensor's op strategies, inductor's passes)
     Phase("importing", r"<frozen importlib\._bootstrap", 300.0, innermost=_LIBRARY_FRAME),
+    # a framework setting the job up after its first collectives (engine, optimizer, config dump, groups):
+    # ranks leave it seconds apart on a loaded host while the fastest waits in the next collective
+    Phase("setup", r"deepspeed/__init__\.py:\d+ in initialize$|accelerate/accelerator\.py:\d+ in prepare\w*$|"
+                   r"megatron/core/parallel_state\.py:\d+ in initialize_model_parallel$|"
+                   r"megatron/training/initialize\.py:\d+ in initialize_megatron$|"
+                   r"torchtitan/train\.py:\d+ in __init__$",
+          300.0, innermost=_LIBRARY_FRAME),
 )
 
 

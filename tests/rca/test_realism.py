@@ -461,11 +461,20 @@ LAZY_IMPORT_STACK = (f"train.py:30 in step\n<frozen importlib._bootstrap>:690 in
                      f"{SITE}/distributed/tensor/_ops/_pointwise_ops.py:580 in <module>\n"
                      f"{SITE}/distributed/tensor/_sharding_prop.py:452 in register_single_dim_op_strategy")
 
+LIB = "/venv/lib/python3.11/site-packages"
+FRAMEWORK_SETUP_STACK = ("train.py:95 in <module>\n"  # seen on a healthy DeepSpeed ZeRO-2 start (4 ranks, 2 cores)
+                         f"{LIB}/deepspeed/__init__.py:569 in initialize\n"
+                         "/usr/lib/python3.11/json/__init__.py:238 in dumps\n"
+                         f"{LIB}/deepspeed/runtime/config_utils.py:173 in iterencode\n"
+                         "/usr/lib/python3.11/json/encoder.py:260 in _make_iterencode")
+
 
 def test_compiling_and_lazy_imports_of_the_first_steps_are_pauses_not_hangs() -> None:
     """Seen on healthy 4-rank jobs: one rank compiles (torch.compile fullgraph) or imports DTensor's
-    op strategies for 4-7 s while its peers wait in the first collective: no page."""
-    for stack, phase in ((COMPILE_STACK, "compilation"), (LAZY_IMPORT_STACK, "importing")):
+    op strategies for 4-7 s while its peers wait in the first collective: no page. Nor a rank still in
+    its framework's set-up call (DeepSpeed's initialize dumping its config) after the first collectives."""
+    for stack, phase in ((COMPILE_STACK, "compilation"), (LAZY_IMPORT_STACK, "importing"),
+                         (FRAMEWORK_SETUP_STACK, "setup")):
         engine, job = _healthy()
         events = _hold(engine, job, 4.0, holder=1, stack=stack)
         fired = [e.incident for e in events if e.action == "fired"]
@@ -479,6 +488,13 @@ def test_compiling_and_lazy_imports_of_the_first_steps_are_pauses_not_hangs() ->
     assert match_phase(f"{SITE}/_dynamo/eval_frame.py:1446 in _fn\n" + HANG_STACK, phases) is None
     assert match_phase("<frozen importlib._bootstrap>:690 in _load_unlocked\n/work/mydata.py:3 in <module>",
                        phases) is None
+    # the user's own code called back from a set-up call (a model built inside prepare) is no set-up pause
+    assert match_phase(f"{LIB}/accelerate/accelerator.py:1400 in prepare\n" + HANG_STACK, phases) is None
+    for frame in (f"{LIB}/accelerate/accelerator.py:1400 in prepare_model",
+                  f"{LIB}/megatron/core/parallel_state.py:600 in initialize_model_parallel",
+                  f"{LIB}/torchtitan/train.py:120 in __init__"):
+        found = match_phase(f"train.py:9 in main\n{frame}\n/usr/lib/python3.11/threading.py:320 in wait", phases)
+        assert found is not None and found.name == "setup", frame
 
 
 def test_activation_checkpointing_is_no_checkpoint_pause() -> None:

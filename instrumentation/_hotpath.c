@@ -485,7 +485,7 @@ typedef struct Ring {
     Slot *slots;
     unsigned long long mask, head, tail; /* [tail, head) are taken; head - tail <= mask + 1 */
     Py_ssize_t in_flight;
-    long long taken, full; /* ops written here / ops that found it full */
+    long long taken, full, lost; /* ops written here / that found it full / whose record could not be made */
 } Ring;
 
 static void
@@ -543,14 +543,24 @@ ring_take(Ring *self)
     return slot;
 }
 
-/* the OpRecord of a slot, as begin() and complete() build it (the slot keeps its references) */
+/* Making an OpRecord allocates a GC-tracked object, which can start a collection whose finalizers run Python
+ * code and let another thread take the GIL: a slot is read only after that, and only if it still holds what
+ * the caller saw; drain and give_up first move a slot's references out (no call in between), so no thread
+ * ever meets a half-released slot. Between those points nothing here calls out: the GIL is held. */
+
+/* the OpRecord of a slot in `state`, as begin() and complete() build it (the slot keeps its references);
+ * NULL with no error set when the slot left that state while the record was being allocated */
 static PyObject *
-slot_record(const Slot *slot)
+slot_record(const Slot *slot, int state)
 {
     PyObject *record = record_type->tp_alloc(record_type, 0);
     if (record == NULL)
         return NULL;
     PyObject_GC_UnTrack(record); /* as in begin(): in no reference cycle */
+    if (slot->state != state) {
+        Py_DECREF(record);
+        return NULL;
+    }
     PyObject *start = PyLong_FromLongLong(slot->start), *end = PyLong_FromLongLong(slot->end);
     if (start == NULL || end == NULL) {
         Py_XDECREF(start);
@@ -558,36 +568,47 @@ slot_record(const Slot *slot)
         Py_DECREF(record);
         return NULL;
     }
-#define SLOT_REF(name) new_ref(slot->name)
-    set_slot(record, R_API, SLOT_REF(api));
-    set_slot(record, R_OP, SLOT_REF(op));
-    set_slot(record, R_GROUP, SLOT_REF(info));
-    set_slot(record, R_SEQ, SLOT_REF(seq));
+    set_slot(record, R_API, new_ref(slot->api));
+    set_slot(record, R_OP, new_ref(slot->op));
+    set_slot(record, R_GROUP, new_ref(slot->info));
+    set_slot(record, R_SEQ, new_ref(slot->seq));
     set_slot(record, R_START, start);
     set_slot(record, R_END, end);
     set_slot(record, R_DEVICE, new_ref(Py_False));
-    set_slot(record, R_BYTES, SLOT_REF(nbytes));
-    set_slot(record, R_DTYPE, SLOT_REF(dtype));
-    set_slot(record, R_REDUCE, SLOT_REF(reduce_op));
+    set_slot(record, R_BYTES, new_ref(slot->nbytes));
+    set_slot(record, R_DTYPE, new_ref(slot->dtype));
+    set_slot(record, R_REDUCE, new_ref(slot->reduce_op));
     set_slot(record, R_ASYNC, new_ref(Py_False));
-    set_slot(record, R_STATE, new_ref(slot->state == SLOT_DONE ? state_completed : state_in_flight));
-#undef SLOT_REF
+    set_slot(record, R_STATE, new_ref(state == SLOT_DONE ? state_completed : state_in_flight));
     return record;
 }
 
-/* the slot's op as an OpRecord of its own, the slot given up whatever happens (an op that failed goes the
- * record's way); NULL with an error when the record could not be made */
+/* the slot's op moved out to `into` (its references with it), the slot left in `state` */
+static inline void
+slot_move(Slot *slot, Slot *into, int state)
+{
+    *into = *slot;
+    memset(slot, 0, sizeof(Slot));
+    slot->state = state;
+}
+
+/* the in-flight slot's op as an OpRecord of its own, the slot given up whatever happens (an op that failed
+ * goes the record's way); NULL with an error when the record could not be made */
 static PyObject *
 ring_give_up(Ring *self, Slot *slot)
 {
-    PyObject *record = slot_record(slot);
-    slot_release(slot);
-    slot->state = SLOT_VOID; /* drain steps over it */
+    Slot op;
+    slot_move(slot, &op, SLOT_VOID); /* drain steps over it */
     self->in_flight--;
+    PyObject *record = slot_record(&op, SLOT_IN_FLIGHT);
+    slot_release(&op);
+    if (record == NULL && !PyErr_Occurred())
+        PyErr_NoMemory();
     return record;
 }
 
-/* Ring.drain(): the done ops as OpRecords, oldest first, up to the first op still in flight */
+/* Ring.drain(): the done ops as OpRecords, oldest first, up to the first op still in flight. An op whose
+ * record cannot be made (out of memory) is counted in `lost`. */
 static PyObject *
 ring_drain(Ring *self, PyObject *Py_UNUSED(ignored))
 {
@@ -598,17 +619,18 @@ ring_drain(Ring *self, PyObject *Py_UNUSED(ignored))
         Slot *slot = &self->slots[self->tail & self->mask];
         if (slot->state == SLOT_IN_FLIGHT)
             break;
-        if (slot->state == SLOT_DONE) {
-            PyObject *record = slot_record(slot);
-            if (record == NULL || PyList_Append(records, record) < 0) {
-                Py_XDECREF(record);
-                Py_DECREF(records);
-                return NULL; /* the slot is kept: a later drain takes it */
-            }
-            Py_DECREF(record);
-        }
-        slot_release(slot);
+        Slot op;
+        slot_move(slot, &op, SLOT_FREE);
         self->tail++;
+        if (op.state == SLOT_DONE) {
+            PyObject *record = slot_record(&op, SLOT_DONE);
+            if (record == NULL || PyList_Append(records, record) < 0) {
+                PyErr_Clear();
+                self->lost++;
+            }
+            Py_XDECREF(record);
+        }
+        slot_release(&op);
     }
     return records;
 }
@@ -620,17 +642,28 @@ ring_copies(Ring *self, int state)
     PyObject *records = PyList_New(0);
     if (records == NULL)
         return NULL;
-    for (unsigned long long at = self->tail; at != self->head; at++) {
-        Slot *slot = &self->slots[at & self->mask];
+    unsigned long long at = self->tail;
+    while (at != self->head) {
+        if (at < self->tail) { /* drained by another thread meanwhile */
+            at = self->tail;
+            continue;
+        }
+        Slot *slot = &self->slots[at++ & self->mask];
         if (slot->state != state)
             continue;
-        PyObject *record = slot_record(slot);
-        if (record == NULL || PyList_Append(records, record) < 0) {
-            Py_XDECREF(record);
+        PyObject *record = slot_record(slot, state);
+        if (record == NULL) {
+            if (!PyErr_Occurred())
+                continue; /* it left that state meanwhile */
             Py_DECREF(records);
             return NULL;
         }
+        int appended = PyList_Append(records, record);
         Py_DECREF(record);
+        if (appended < 0) {
+            Py_DECREF(records);
+            return NULL;
+        }
     }
     return records;
 }
@@ -698,6 +731,7 @@ static PyMemberDef ring_members[] = {
     {"in_flight", T_PYSSIZET, offsetof(Ring, in_flight), READONLY, "ops in flight in the ring"},
     {"taken", T_LONGLONG, offsetof(Ring, taken), READONLY, "ops the hot path wrote here"},
     {"full", T_LONGLONG, offsetof(Ring, full), READONLY, "ops that found the ring full (recorded as OpRecords)"},
+    {"lost", T_LONGLONG, offsetof(Ring, lost), READONLY, "done ops whose OpRecord could not be made (no memory)"},
     {NULL, 0, 0, 0, NULL},
 };
 

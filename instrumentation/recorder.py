@@ -86,6 +86,7 @@ class PyRing:
     in_flight = 0
     taken = 0
     full = 0
+    lost = 0
 
     def __len__(self) -> int:
         return 0

@@ -538,7 +538,8 @@ class Runtime:
         since = max([last_activity, *(record.call_end_ns for record in inflight)]) if posted else last_activity
         idle_s = 0.0 if inflight and not posted else max(0.0, (now - since) / 1e9)
         attributes = heartbeat_attributes(recorder.groups.all(), inflight, now, idle_s)
-        attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + self.shipper.dropped + recorder.errors
+        attributes[schema.ATTR_HB_DROPPED] = recorder.dropped + recorder.ring.lost + self.shipper.dropped + \
+            recorder.errors
         counts = self.budget.counts
         attributes[schema.ATTR_HB_SPANS_KEPT] = counts.kept
         attributes[schema.ATTR_HB_SPANS_ANOMALIES] = counts.anomalies

@@ -168,3 +168,17 @@ def test_door_records_eager_calls_and_lets_dynamo_compile_them(mode: str) -> Non
     assert facts["second_recorded"] == 2 and facts["after_uninstrument_recorded"] == 0
     if mode == "registration_fails":
         assert result.stderr.count("Dynamo cannot trace all_reduce through its door") == 1  # said once
+
+
+def test_the_ring_read_again_from_inside_its_own_reads() -> None:
+    """A garbage collection started while an OpRecord is allocated for a slot runs gc.callbacks (on 3.11 at
+    once, in C): here they drain the ring and copy its ops, as another thread taking the GIL at that instant
+    would. Every op comes out once, every copy whole, the process alive (a slot read after another read
+    released it crashed it: exit 139)."""
+    job = Path(__file__).parent / "jobs" / "ring_reentry.py"
+    result = subprocess.run([sys.executable, str(job)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["taken_by_ring"] >= 60 and found["reentered"]
+    assert found["seqs"] == [[seq, 1] for seq in range(1, 65)]
+    assert found["copies_whole"] and found["lost"] == 0 and found["left"] == 0

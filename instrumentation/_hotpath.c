@@ -467,7 +467,7 @@ call_slow(Hot *self, const Call *call)
  * recorder.inflight and, once done, in recorder.queue. A record, its ints, the dict entry and the queue entry
  * were memory each call touched that torch's call does not -- freed in batches by the runtime thread, so
  * cold again when reused: with the three taken out, the added cost of a 4 KiB all_reduce fell from ~6% of
- * the call to ~3.5% (2-core VM). A slot is a fixed struct in an array made once; the runtime thread makes
+ * the call to ~4% (2-core VM). A slot is a fixed struct in an array made once; the runtime thread makes
  * the OpRecords (drain: the done ones, in order, up to the first still in flight; inflight: copies of those
  * in flight, for heartbeats). Everything runs under the GIL: a slot is written by the training thread
  * between its begin and its end and read by the runtime thread between the two, never during either. When

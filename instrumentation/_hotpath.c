@@ -1032,6 +1032,29 @@ delegate:
 
 /* ------------------------------------------------------------------ complete: Recorder.complete(record) */
 
+/* both paths at an op's end: GroupInfo.completed raised to the op's seq (`seq_obj`, the int already made) */
+static int
+group_completed(PyObject *info, long long seq, PyObject *seq_obj)
+{
+    long long completed;
+    if (group_get_ll(info, G_COMPLETED, &completed) < 0)
+        return -1;
+    if (seq > completed)
+        group_set(info, G_COMPLETED, seq_obj);
+    return 0;
+}
+
+/* both paths: an op left flight at `end` (taken out of the dict or the ring first): one more done, and the
+ * communication time closed when nothing else is in flight */
+static void
+left_flight(Hot *self, long long end)
+{
+    Counters *counters = self->counters;
+    counters->ops_done++;
+    if (nothing_in_flight(self) && end > counters->comm_since_ns)
+        counters->comm_ns += end - counters->comm_since_ns;
+}
+
 /* a sync op of the ring done: what complete() does to its record, in the slot (the runtime queues it) */
 static int
 complete_slot(Hot *self, Begun *op)
@@ -1041,17 +1064,9 @@ complete_slot(Hot *self, Begun *op)
     slot->end = end;
     slot->state = SLOT_DONE;
     self->ring->in_flight--;
-    Counters *counters = self->counters;
-    counters->ops_done++;
-    if (nothing_in_flight(self) && end > counters->comm_since_ns)
-        counters->comm_ns += end - counters->comm_since_ns;
-    counters->last_activity_ns = end;
-    long long completed;
-    if (group_get_ll(op->info, G_COMPLETED, &completed) < 0)
-        return -1;
-    if (op->seq > completed)
-        group_set(op->info, G_COMPLETED, slot->seq);
-    return 0;
+    left_flight(self, end);
+    self->counters->last_activity_ns = end;
+    return group_completed(op->info, op->seq, slot->seq);
 }
 
 static int
@@ -1064,20 +1079,14 @@ complete(Hot *self, Begun *op)
         return -1;
     set_slot(record, R_END, end_obj);
     set_slot(record, R_STATE, new_ref(state_completed));
-    long long completed;
-    if (group_get_ll(op->info, G_COMPLETED, &completed) < 0)
+    if (group_completed(op->info, op->seq, record_slot(record, R_SEQ)) < 0)
         return -1;
-    if (op->seq > completed)
-        group_set(op->info, G_COMPLETED, record_slot(record, R_SEQ));
     if (PyDict_DelItem(self->inflight, record) < 0) { /* one lookup: begin() put it there */
         if (!PyErr_ExceptionMatches(PyExc_KeyError))
             return -1;
         PyErr_Clear();
     } else {
-        Counters *counters = self->counters;
-        counters->ops_done++;
-        if (nothing_in_flight(self) && end > counters->comm_since_ns)
-            counters->comm_ns += end - counters->comm_since_ns;
+        left_flight(self, end);
     }
     self->counters->last_activity_ns = end;
     PyObject *result;
@@ -1567,27 +1576,8 @@ PyInit__hotpath(void)
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    Py_INCREF(&HotType);
-    if (PyModule_AddObject(module, "Hot", (PyObject *)&HotType) < 0) {
-        Py_DECREF(&HotType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&WaitType);
-    if (PyModule_AddObject(module, "Wait", (PyObject *)&WaitType) < 0) {
-        Py_DECREF(&WaitType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&CountersType);
-    if (PyModule_AddObject(module, "Counters", (PyObject *)&CountersType) < 0) {
-        Py_DECREF(&CountersType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&RingType);
-    if (PyModule_AddObject(module, "Ring", (PyObject *)&RingType) < 0) {
-        Py_DECREF(&RingType);
+    if (PyModule_AddType(module, &HotType) < 0 || PyModule_AddType(module, &WaitType) < 0 ||
+        PyModule_AddType(module, &CountersType) < 0 || PyModule_AddType(module, &RingType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

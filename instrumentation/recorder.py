@@ -424,7 +424,7 @@ class Recorder:
         counters = self.counters
         if inflight.pop(record, None) is not None:
             counters.ops_done += 1
-            if not inflight and not self.ring.in_flight:
+            if self.idle():
                 busy = end - counters.comm_since_ns
                 if busy > 0:
                     counters.comm_ns += busy

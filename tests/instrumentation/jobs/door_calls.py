@@ -18,12 +18,31 @@ import json
 import pickle
 import sys
 import tempfile
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from mycroft.instrumentation import doors, patching
 from mycroft.instrumentation.instrumentor import MycroftInstrumentor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+
+def everything_recorded(recorder: Any) -> list[Any]:
+    """Every done op this recorder has recorded so far: the runtime thread drains them at any moment (its first
+    heartbeat at once), so what it takes is kept aside, and a read takes the rest the same way."""
+    taken: list[Any] | None = getattr(recorder, "taken_here", None)
+    if taken is None:
+        taken = recorder.taken_here = []
+        take_done = recorder.take_done
+
+        def keeping() -> list[Any]:
+            records = take_done()
+            taken.extend(records)
+            return records
+
+        recorder.take_done = keeping
+    recorder.take_done()
+    return list(taken)
 
 
 class Null(SpanExporter):
@@ -61,12 +80,13 @@ def main() -> None:
     pickles = pickle.loads(pickle.dumps(dist.all_reduce)) is dist.all_reduce
     held = dist.all_reduce  # as `from torch.distributed import all_reduce` would hold it
     recorder = instrumentor._recorder
+    everything_recorded(recorder)
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/s", rank=0, world_size=1)
     t = torch.ones(4)
     for _ in range(3):
         dist.all_reduce(t)
     dist.all_reduce(tensor=t, group=None, async_op=False)
-    eager_ops = [r.op for r in recorder.done_not_taken()]
+    eager_ops = [r.op for r in everything_recorded(recorder)]
 
     from torch._dynamo.utils import counters
 
@@ -85,11 +105,12 @@ def main() -> None:
     plain = dist.all_reduce
     instrumentor.instrument(span_exporter=Null())
     again = instrumentor._recorder
+    everything_recorded(again)
     dist.all_reduce(t)
     dist.all_reduce(t)
-    second_recorded = len(again.done_not_taken())
+    second_recorded = len(everything_recorded(again))
     instrumentor.uninstrument()
-    before = len(again.done_not_taken())
+    before = len(everything_recorded(again))
     held(t)  # detached: torch's function alone
     # (a held shim, a Python function no longer at its name, cannot be pickled by name: as torch's own)
     held_unpickles_to_torch = pickle.loads(pickle.dumps(held)) is plain if doors.door_of(held) is held else None
@@ -107,7 +128,7 @@ def main() -> None:
         "held_detached": patching.hot_path_of(held) is None,
         "restored": dist.all_reduce is plain and type(plain).__name__ == "function",
         "second_recorded": second_recorded,
-        "after_uninstrument_recorded": len(again.done_not_taken()) - before,
+        "after_uninstrument_recorded": len(everything_recorded(again)) - before,
         "final_value": t[0].item(),
     }))
     dist.destroy_process_group()

@@ -22,7 +22,7 @@ onset is a hang naming that rank `not_entered` (startup: naming the absent rank)
 Goals: 100% right rank, diagnosis p90 <= 2 s, zero critical incidents on healthy runs. The
 table's `early` column counts loud incidents and alerts before the onset (scored as false alarms:
 a verdict that was already out before the rank blocked is no diagnosis of the block), then those of
-them raised after the first step ended (the job running steadily).
+them raised after the first step ended (the job running steadily), then those that paged then.
 
 Costs, measured in the same invocation:
 - per op, per issuer, on the training thread (time.thread_time, one gloo process of world size 1,
@@ -342,6 +342,7 @@ def row_summary(framework: str, launcher: str, results: list[RunResult]) -> dict
     return {"framework": framework, "launcher": launcher, "runs": len(blocks), "right": sum(r.correct for r in blocks),
             "false_alarms": sum(r.false_alarms for r in blocks),
             "false_alarms_steady": sum(r.extra.get("false_alarms_steady") or 0 for r in blocks),
+            "pages_steady": sum(r.extra.get("pages_steady") or 0 for r in blocks),
             "diagnosis_p50_s": percentile(det, 0.5), "diagnosis_p90_s": percentile(det, 0.9),
             "healthy_runs": len(healthy), "healthy_ok": sum(r.correct for r in healthy),
             "healthy_quiet": sum(bool(r.extra.get("quiet")) for r in healthy),
@@ -366,7 +367,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                    f" ({','.join(str(g) for g in s['graph_breaks'])} vs "
                    f"{','.join(str(g) for g in s['graph_breaks_plain'])})") if n else "-"
         note = "; ".join(s["wrong"][:1] + s["healthy_notes"][:1])
-        early = f"{s.get('false_alarms', 0)}/{s.get('false_alarms_steady', 0)}"
+        early = f"{s.get('false_alarms', 0)}/{s.get('false_alarms_steady', 0)}/{s.get('pages_steady', 0)}"
         print(f"{s['framework']:<20} {s['launcher']:<16} {s['right']:>4}/{s['runs']:<5} "
               f"{_fmt(s['diagnosis_p50_s']):>9} {_fmt(s['diagnosis_p90_s']):>7} {early:>7}  "
               f"{healthy:<36} {note[:160]}")

@@ -65,6 +65,9 @@ MEANINGS: dict[str, tuple[str, str, str]] = {
     "ATTR_STATE": ("string", "completed, error, timeout, or in_flight (flushed at exit)", "`completed`"),
     "ATTR_ERROR": ("string", "Error text when the op raised", "`RuntimeError: Connection closed by peer`"),
     "ATTR_TIMING": ("string", "exact (issuing thread / completion callback) or polled (seen by a poller)", "`exact`"),
+    "ATTR_SAMPLE_PROBABILITY": ("double", "Keep probability the trace budget gave this op's seq epoch "
+                                "(MYCROFT_TRACE_BUDGET): the span stands for 1/p collectives of its stream. "
+                                "Absent: kept whatever the budget (no budget, warm-up, or an anomaly)", "`0.1487`"),
     "ATTR_HB_COUNTER": ("int", "Heartbeat number of this rank, +1 each time", "`57`"),
     "ATTR_HB_INTERVAL_S": ("double", "Configured heartbeat interval", "`1.0`"),
     "ATTR_HB_FINAL": ("bool", "Last heartbeat of the process", "`true`"),

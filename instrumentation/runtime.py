@@ -362,7 +362,8 @@ class Runtime:
         spans: list[SpanRecord] = []
         # per record, on this thread, holding the GIL the training thread waits for: what is looked up
         # per op (the budget, the digests, the groups' trace-id functions) is looked up once here
-        keep, add_digest, job_id = self.budget.keep, self._digests.add, self.job_id
+        budget = self.budget
+        keep, add_digest, job_id = budget.keep, self._digests.add, self.job_id
         p2p_ops, trace_ids = schema.P2P_OPS, schema.collective_trace_ids
         for record in records:
             gid = record.group.gid
@@ -376,7 +377,10 @@ class Runtime:
                     self._py_ops.append(PyOp(gid, record.seq, record.op, record.start_ns, record.call_end_ns))
                 trace_id, stream = trace_ids(job_id, gid)(record.seq), (gid, -1, -1)
             if keep(trace_id, stream, record.seq, record.state, record.start_ns, record.end_ns):
-                spans.append(op_span(record, job_id, self.rank, trace_id=trace_id))
+                span = op_span(record, job_id, self.rank, trace_id=trace_id)
+                if budget.kept_probability < 1.0:
+                    span.attributes[schema.ATTR_SAMPLE_PROBABILITY] = budget.kept_probability
+                spans.append(span)
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
         urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
         self.shipper.submit(spans, urgent=urgent)

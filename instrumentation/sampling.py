@@ -77,6 +77,7 @@ class Stream:
     # epoch, nearly every op, are then decided without level_of (TraceBudget.keep's first lines)
     decided_epoch: int = -1
     threshold: int = 0
+    probability: float = 1.0  # the decided epoch's keep probability (on its kept spans)
 
     def level_of(self, epoch: int, allowance: float) -> int | None:
         """The level of `epoch` (None: older than what is remembered)."""
@@ -111,6 +112,9 @@ class TraceBudget:
         self.keep_slow_ns = keep_slow_s * 1e9
         self.streams: dict[tuple[str, int, int], Stream] = {}
         self.counts = Counts()
+        # the keep probability behind the last True keep() answered (1.0: kept whatever the budget):
+        # a kept span carries it, so a backend can weigh it and members' decisions can be compared
+        self.kept_probability = 1.0
 
     def keep(self, trace_id: int, stream: tuple[str, int, int], seq: int, state: str, start_ns: int,
              end_ns: int) -> bool:
@@ -122,11 +126,13 @@ class TraceBudget:
             # the common op: completed in time, in the epoch decided last, not a rate mark
             if trace_id & schema.TRACE_ID_LOW_BITS < s.threshold:
                 counts.kept += 1
+                self.kept_probability = s.probability
                 return True
             counts.sampled_out += 1
             return False
         if state != schema.STATE_COMPLETED or (end_ns and end_ns - start_ns >= self.keep_slow_ns):
             counts.anomalies += 1
+            self.kept_probability = 1.0
             return True
         probability = self.ratio
         if self.allowance != math.inf:
@@ -138,11 +144,13 @@ class TraceBudget:
             level = s.level_of(seq // EPOCH, self.allowance)
             if level is None:  # completed more than KEPT_LEVELS epochs late: a slow op by any measure
                 counts.anomalies += 1
+                self.kept_probability = 1.0
                 return True
             probability = min(probability, keep_probability(level))
-            s.decided_epoch, s.threshold = seq // EPOCH, schema.keep_threshold(probability)
+            s.decided_epoch, s.threshold, s.probability = seq // EPOCH, schema.keep_threshold(probability), probability
         if schema.keep_trace(trace_id, probability):
             counts.kept += 1
+            self.kept_probability = probability
             return True
         counts.sampled_out += 1
         return False

@@ -132,6 +132,7 @@ TIMING_DEVICE_POLLED: Final = "device_polled"  # end: Work.is_completed() seen b
 TIMING_FLIGHT_RECORDER: Final = "flight_recorder"  # end: the Flight Recorder's last completed seq (watchdog, ~100 ms)
 TIMING_INFERRED: Final = "inferred"  # end: a later op of the group completed first (an upper bound, maybe late)
 ATTR_CALL_S: Final = "mycroft.call_s"  # seconds the issuing call took on the host (NCCL: enqueue, not completion)
+ATTR_SAMPLE_PROBABILITY: Final = "mycroft.sample.probability"  # the trace budget kept this op with it (absent: 1)
 
 # --------------------------------------------------------------------------------------
 # Heartbeat span (per rank, every MYCROFT_HEARTBEAT_INTERVAL seconds)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .inject import RunResult, _watch_healthy, alerts_around, free_port, job_env, kill_tree, wait_for_onset
-from .scoring import Diagnosis, diagnose, severity
+from .scoring import Diagnosis, critical_at, diagnose, severity
 
 LAUNCHERS = ("torchrun", "distributed_run", "spawn", "srun", "in_code")
 MODULE = "mycroft.faults.framework_jobs"
@@ -197,6 +197,10 @@ def _watch(rca: Any, result: RunResult, proc: subprocess.Popen[bytes], onset_fil
     # loud incidents between the end of the first step and the onset: the job ran steadily then
     result.extra["false_alarms_steady"] = None if steady_from is None else \
         sum(1 for i in early_loud if float(i["detected_at_unix"]) >= float(steady_from))
+    # ... of them, those that paged (critical before the onset): a warning there is the RCA saying a rank
+    # was out of communication about a hang threshold (a slow step on a loaded host), which can be true
+    paged = [c for c in (critical_at(i) for i in incidents) if c is not None and c < onset]
+    result.extra["pages_steady"] = None if steady_from is None else sum(1 for c in paged if c >= float(steady_from))
     if early_loud:
         first = min(early_loud, key=lambda i: float(i["detected_at_unix"]))
         result.note += (f"; {len(early_loud)} loud incident(s) before the onset, first "

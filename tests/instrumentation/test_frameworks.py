@@ -46,9 +46,10 @@ def test_block_names_the_rank(rca: Any, framework: str, rank: int, step: int, po
     result = run_block(rca, framework, rank=rank, step=step, point=point, seed=5, timeout_s=15)
     assert result.onset is not None, result.note
     assert result.correct, (result.note, result.extra.get("incidents"), result.extra.get("log"))
-    # no loud incident while the job ran steadily before the onset (the start-up window, where ranks
-    # compile and drift apart, is the healthy test's and the benchmark's `early` column's business)
-    assert not result.extra.get("false_alarms_steady"), result.note
+    # no page while the job ran steadily before the onset (the start-up window, where ranks compile and
+    # drift apart, is the healthy test's and the benchmark's `early` column's business). A warning there
+    # can be true: 4 ranks on 2 cores, one out of communication ~1.3 s in an early step (mesh2d, 1 in ~30)
+    assert result.extra.get("pages_steady") == 0, (result.note, result.extra.get("incidents"))
     assert result.detection_s is not None and result.detection_s <= 5.0, result.note
     incident = result.incident
     assert incident is not None

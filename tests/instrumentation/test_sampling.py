@@ -159,6 +159,34 @@ def test_the_decided_epoch_shortcut_decides_as_the_full_rule() -> None:
         trace = schema.collective_trace_id(JOB, stream[0], seq)
         for s in full.streams.values():
             s.decided_epoch = -1
-        assert shortcut.keep(trace, stream, seq, state, start, end) == full.keep(trace, stream, seq, state, start, end)
+        kept = shortcut.keep(trace, stream, seq, state, start, end)
+        assert kept == full.keep(trace, stream, seq, state, start, end)
+        if kept:  # the probability a kept span carries
+            assert shortcut.kept_probability == full.kept_probability
     assert shortcut.counts == full.counts
     assert shortcut.counts.sampled_out > 1000 and shortcut.counts.kept > 100 and shortcut.counts.anomalies > 50
+
+
+def test_a_kept_span_carries_its_epochs_keep_probability() -> None:
+    """What a kept span carries (mycroft.sample.probability): 1 while the stream is kept whole or for an
+    anomaly, then the probability of the level its epoch was decided at, the same on every member."""
+    from mycroft.instrumentation.sampling import EPOCH, keep_probability
+
+    samplers = [TraceBudget(64.0, 4) for _ in range(3)]
+    seen: dict[int, set[float]] = {}
+    t_ns = 10**12
+    for seq in range(1, 4001):
+        t_ns += 1_000_000  # 1,000 collectives/s against an allowance of 16/s
+        trace = schema.collective_trace_id(JOB, "g", seq)
+        slow = seq % 500 == 0
+        for sampler in samplers:
+            if sampler.keep(trace, ("g", -1, -1), seq, schema.STATE_COMPLETED, t_ns - (2 * 10**9 if slow else 1000),
+                            t_ns):
+                if slow:
+                    assert sampler.kept_probability == 1.0
+                    continue
+                seen.setdefault(seq // EPOCH, set()).add(sampler.kept_probability)
+                stream = sampler.streams[("g", -1, -1)]
+                assert sampler.kept_probability == keep_probability(stream.levels[seq // EPOCH])
+    assert all(len(p) == 1 for p in seen.values())  # the members agree on every epoch
+    assert seen[0] == {1.0} and min(min(p) for p in seen.values()) < 0.05  # whole at first, then ~16/1000

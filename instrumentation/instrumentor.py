@@ -14,7 +14,7 @@ import os
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from mycroft.instrumentation import patching
+from mycroft.instrumentation import agent, patching
 from mycroft.instrumentation.config import MycroftConfig
 from mycroft.instrumentation.recorder import Recorder
 from mycroft.instrumentation.startup import StartupReporter, init_environment, launch_facts
@@ -78,6 +78,13 @@ class MycroftInstrumentor(BaseInstrumentor):
                 return None
 
         self._startup = start_reporting(os.environ) if not dist.is_initialized() else None
+        if self._startup is None and not dist.is_initialized():
+            # torchrun's own process, the node's agent: a multi-node launch waits there for the other nodes
+            # before any rank exists (instrumentation/agent.py)
+            try:
+                agent.install(self._patcher, config, base_resource, exporter, deliver)
+            except Exception as exc:
+                log.info("mycroft: no node rendezvous reports (%r)", exc)
 
         def entering_init(init_kwargs: Mapping[str, Any]) -> None:
             from mycroft import schema

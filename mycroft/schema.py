@@ -42,6 +42,7 @@ RES_TRACE_BUDGET: Final = "mycroft.trace.budget"  # double: the job's op spans/s
 # Span names (low cardinality). Collective / p2p spans are named by their op (OP_*).
 # --------------------------------------------------------------------------------------
 SPAN_HEARTBEAT: Final = "mycroft.heartbeat"
+SPAN_AGENT: Final = "mycroft.agent"  # a launcher agent's heartbeat while its node waits for the job's others
 SPAN_COLLECTIVE_SUMMARY: Final = "mycroft.collective.summary"
 SPAN_FLOW_SUMMARY: Final = "mycroft.flow.summary"
 SPAN_NATIVE_COLL: Final = "nccl.collective"
@@ -61,6 +62,7 @@ ATTR_JOB_ID: Final = "mycroft.job.id"
 KIND_COLLECTIVE: Final = "collective"
 KIND_P2P: Final = "p2p"
 KIND_HEARTBEAT: Final = "heartbeat"
+KIND_AGENT: Final = "agent"  # a launcher agent's span (SPAN_AGENT)
 KIND_COLLECTIVE_SUMMARY: Final = "collective_summary"
 KIND_FLOW_SUMMARY: Final = "flow_summary"
 KIND_NATIVE_COLL: Final = "native_collective"
@@ -266,6 +268,20 @@ FLOW_STATE_COMPLETE: Final = "complete"
 KERNEL_STATE_RUNNING: Final = "kernel_running"  # its kernel started on the GPU and has not finished
 KERNEL_STATE_NOT_STARTED: Final = "kernel_not_started"  # enqueued, its kernel not started on the GPU
 KERNEL_STATE_NOT_ENQUEUED: Final = "not_enqueued"  # the rank's NCCL has not been given the collective
+
+# --------------------------------------------------------------------------------------
+# Agent span (per launcher agent -- torchrun's, one per node -- every heartbeat interval while
+# its node waits for the job's other nodes; its workers, and so their ranks, start only after).
+# Counter, interval, phase (PHASE_NODE_RENDEZVOUS) and phase_s as in a heartbeat; ATTR_HB_FINAL
+# once the node rendezvous completed (the workers report from then on) or the agent gave up.
+# --------------------------------------------------------------------------------------
+PHASE_NODE_RENDEZVOUS: Final = "node_rendezvous"  # an agent waiting for the job's other nodes
+ATTR_AGENT_RDZV_BACKEND: Final = "mycroft.agent.rdzv_backend"  # c10d | static | etcd-v2 ...
+ATTR_AGENT_NODES_MIN: Final = "mycroft.agent.nodes_min"  # nodes the rendezvous waits for (--nnodes MIN[:MAX])
+ATTR_AGENT_NODES_MAX: Final = "mycroft.agent.nodes_max"  # ... and at most (elastic: the round waits for more)
+ATTR_AGENT_NODES_JOINED: Final = "mycroft.agent.nodes_joined"  # nodes in the round so far (-1: not readable)
+ATTR_AGENT_JOINED_HOSTS: Final = "mycroft.agent.joined_hosts"  # their hosts, as the rendezvous names them
+ATTR_AGENT_EXPECTED_HOSTS: Final = "mycroft.agent.expected_hosts"  # the job's hosts, where the launcher tells them
 
 # --------------------------------------------------------------------------------------
 # Collective summary span (collector_processor; belongs to the collective, no mycroft.rank)

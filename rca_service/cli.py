@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from .analysis.findings import cause_who
 from .config import DEFAULT_PHASES, AnalysisConfig, Phase
 
 _DEFAULTS = AnalysisConfig()
@@ -181,7 +182,7 @@ def _analyze(args: argparse.Namespace) -> int:
         first = next((i for i in incidents if not i.get("consequence_of") and i["severity"] != "info"), None)
         if first is not None and first["root_causes"]:
             top = first["root_causes"][0]
-            who = "link" if top["rank"] is None else f"rank {top['rank']}"
+            who = cause_who(top)
             print(f"first root cause: {who} ({top['kind']}) in the {first['kind']} detected {first['detected_at']}")
         for inc in incidents:
             also = f", a consequence of {inc['consequence_of']}" if inc.get("consequence_of") else ""
@@ -191,8 +192,7 @@ def _analyze(args: argparse.Namespace) -> int:
             for later in inc.get("consequences", [])[:8]:
                 print(f"  then (consequence) at {later['at']}: rank {later['rank']} {later['kind']}")
             for rc in inc["root_causes"]:
-                rank = "link" if rc["rank"] is None else f"rank {rc['rank']}"
-                print(f"  - {rank}: {rc['kind']}: {rc['evidence'].get('text', '')}")
+                print(f"  - {cause_who(rc)}: {rc['kind']}: {rc['evidence'].get('text', '')}")
             for chain in inc["wait_for_graph"].get("chains", [])[:4]:
                 print(f"    chain: {chain}")
     return 2 if any(inc["status"] == "firing" for inc in incidents) else 0

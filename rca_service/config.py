@@ -76,6 +76,14 @@ class AnalysisConfig:
     startup_min_s: float = 1.0
     startup_spread_factor: float = 2.0
     startup_budget_s: float = 60.0
+    # a multi-node launch: the nodes' launcher agents (torchrun) wait for the job's other nodes before
+    # any rank exists (instrumentation/agent.py). The absent nodes are named as ranks are above; critical
+    # once the wait exceeds node_rendezvous_budget_s (nodes are scheduled, booted, pull images minutes
+    # apart; torchrun itself gives up after 15 minutes)
+    node_rendezvous_budget_s: float = 300.0
+    # ... and named (a warning) once the wait lasts node_rendezvous_min_s, or startup_spread_factor times
+    # the spread of the agents' arrivals: nodes start seconds apart where ranks of one node do not
+    node_rendezvous_min_s: float = 5.0
     # ... and a holder that never completed a collective is still starting while its stack moves; one
     # whose stack stood still this many heartbeat intervals is stuck there (paged as at any other time)
     startup_still_intervals: float = 2.5

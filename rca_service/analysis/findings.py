@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ EVIDENCE_WAITED_OPS = "waited_ops"
 # root-cause kinds (what is wrong with a rank or a link)
 RC_NOT_ENTERED = "not_entered"  # alive, outside communication, others wait for it
 RC_NOT_ARRIVED = "not_arrived"  # never reached init_process_group while the others wait in rendezvous
+RC_NODE_NOT_ARRIVED = "node_not_arrived"  # a node whose launcher agent never joined the node rendezvous
 RC_PROCESS_LOST = "process_lost"  # silent: killed, frozen or unreachable
 RC_PROCESS_EXITED = "process_exited"  # said goodbye (final heartbeat) while others wait for it
 RC_STRAGGLER = "straggler"  # arrives last again and again
@@ -103,3 +104,15 @@ class Finding:
             "severity": self.severity,
             "severity_reason": self.severity_reason,
         }
+
+
+def cause_who(cause: Mapping[str, Any]) -> str:
+    """Who a root cause (as the API serves it) names: a rank; a node that never joined a multi-node
+    launch (by host or index); else the link, when it names no rank."""
+    if cause.get("rank") is not None:
+        return f"rank {cause['rank']}"
+    if cause.get("kind") == RC_NODE_NOT_ARRIVED:
+        evidence = cause.get("evidence") or {}
+        node = evidence.get("node")
+        return f"node {evidence.get('host') or (node if isinstance(node, int) and node >= 0 else '?')}"
+    return "link / transport"

@@ -18,7 +18,7 @@ from typing import Any
 from mycroft import schema
 
 from ..config import AnalysisConfig
-from ..ingest.state import JobState, job_name
+from ..ingest.state import AgentState, JobState, job_name
 from . import graph as wfg
 from . import graph_view
 from . import pauses as pauses_mod
@@ -34,6 +34,7 @@ from .findings import (
     RC_DEADLOCK,
     RC_LINK,
     RC_MISMATCH,
+    RC_NODE_NOT_ARRIVED,
     RC_NOT_ARRIVED,
     RC_NOT_ENTERED,
     RC_PROCESS_EXITED,
@@ -739,6 +740,10 @@ def analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]
 
 
 def _analyze_job(job: JobState, now: float, cfg: AnalysisConfig) -> list[Finding]:
+    if job.agents:  # a multi-node launch: its nodes' agents may still wait for a node, before any rank
+        nodes = _node_rendezvous_finding(job, now, cfg)
+        if nodes is not None:
+            return [nodes]
     if not job.groups:  # before any group exists, only a start-up hang can be told
         startup = _startup_finding(job, now, cfg)
         if startup is not None:
@@ -833,6 +838,67 @@ def _startup_finding(job: JobState, now: float, cfg: AnalysisConfig) -> Finding 
     return Finding(job.job_id, HANG, text, causes, {},
                    {"phase": "startup", "waiting_ranks": sorted(r.rank for r in waiting)[:256],
                     "missing_ranks": absent[:256], "rendezvous_wait_s": round(wait_s, 3)},
+                   CRITICAL if critical else WARNING, reason)
+
+
+def _short_host(host: str) -> str:
+    return host.split(".", 1)[0].lower()
+
+
+def _node_rendezvous_finding(job: JobState, now: float, cfg: AnalysisConfig) -> Finding | None:
+    """A multi-node start-up hang: the launcher agents of some nodes wait in the node rendezvous for
+    nodes that never join (not scheduled, not started, their agent stuck), and no rank exists yet.
+
+    Present: the agents that report, or as many nodes as the best-informed agent read in the round
+    (c10d), whichever is more; missing: the rendezvous' minimum less those. Named by node index where
+    the backend fixes it (static: the agents' node ranks) and by host where the launcher lists the
+    job's hosts (SLURM_JOB_NODELIST, in node order), else counted. Named after node_rendezvous_min_s
+    (or startup_threshold_s over the agents' arrivals), critical after node_rendezvous_budget_s."""
+    def fresh(agent: AgentState) -> bool:
+        return now - agent.last_at <= cfg.lost_intervals * agent.interval_s + cfg.lost_slack_s
+
+    waiting = [a for a in job.agents.values() if not a.done and fresh(a)]
+    if not waiting:
+        return None
+    if any(not r.final and now - r.last_hb_at <= cfg.lost_intervals * r.hb_interval + cfg.lost_slack_s
+           for r in job.ranks.values()):
+        return None  # ranks run: the agents' rendezvous is done somewhere (an elastic re-join is the ranks' story)
+    waits = [a.phase_s + max(0.0, now - a.last_at) for a in waiting]
+    wait_s = max(waits)
+    if wait_s < max(cfg.node_rendezvous_min_s, startup_threshold_s(waits, min(a.interval_s for a in waiting), cfg)):
+        return None
+    nodes_min = max(a.nodes_min for a in waiting)
+    agents = [a for a in job.agents.values() if a.done or fresh(a)]
+    present = max(len({(a.host, a.pid) for a in agents}), max((a.joined for a in waiting), default=0))
+    if nodes_min - present <= 0:
+        return None  # enough nodes: the round waits for more up to its maximum (its last call), not a hang
+    expected = next((a.expected_hosts for a in agents if a.expected_hosts), ())
+    here = {_short_host(h) for a in agents for h in (a.host, *a.joined_hosts)}
+    ranks_in = {a.node_rank for a in agents if a.node_rank >= 0}
+    backend = waiting[0].backend or "rendezvous"
+    if ranks_in:  # static: every node's index is fixed, and the job's host list is in node order
+        absent = [(n, expected[n] if n < len(expected) else "") for n in range(nodes_min) if n not in ranks_in]
+    else:
+        hosts = [h for h in expected if _short_host(h) not in here][:nodes_min - present]
+        absent = [(-1, h) for h in hosts] + [(-1, "")] * (nodes_min - present - len(hosts))
+    causes = []
+    for node, host in absent[:256]:
+        who = " ".join(filter(None, (f"node {node}" if node >= 0 else "a node", f"({host})" if host else "")))
+        text = (f"{who} never joined the {backend} node rendezvous: {present} of {nodes_min} nodes there after "
+                f"{wait_s:.1f}s, and no rank starts until it does")
+        causes.append(RootCause(None, RC_NODE_NOT_ARRIVED,
+                                {"text": text, "status": UNSEEN, "node": node, "host": host}))
+    critical = wait_s >= cfg.node_rendezvous_budget_s
+    reason = (f"node rendezvous waiting {wait_s:.0f}s, over its budget of {cfg.node_rendezvous_budget_s:.0f}s"
+              if critical else f"node rendezvous waiting {wait_s:.1f}s, within its budget of "
+              f"{cfg.node_rendezvous_budget_s:.0f}s: a node may still be starting")
+    named = ", ".join(h or (f"node {n}" if n >= 0 else "?") for n, h in absent[:8])
+    text = (f"multi-node start-up hang: {len(waiting)} node agent(s) wait in the {backend} node rendezvous for "
+            f"{wait_s:.1f}s, {present} of {nodes_min} nodes there; missing {nodes_min - present}: {named}")
+    return Finding(job.job_id, HANG, text, causes, {},
+                   {"phase": schema.PHASE_NODE_RENDEZVOUS, "waiting_hosts": sorted({a.host for a in waiting})[:256],
+                    "joined_hosts": sorted({h for a in waiting for h in a.joined_hosts})[:256],
+                    "nodes_min": nodes_min, "nodes_present": present, "rendezvous_wait_s": round(wait_s, 3)},
                    CRITICAL if critical else WARNING, reason)
 
 

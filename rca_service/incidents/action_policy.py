@@ -42,6 +42,7 @@ from ..analysis.findings import (
     SEVERITY,
     SEVERITY_ORDER,
     at_least,
+    cause_who,
 )
 from ..analysis.triggers import UNSEEN
 from .hosts import SuspectConfig
@@ -419,7 +420,7 @@ def cause_line(incident: Mapping[str, Any], limit: int = 240) -> str:
         text = f"{incident.get('kind')}: {incident.get('summary', '')}"
     else:
         top = causes[0]
-        who = "link" if top.get("rank") is None else f"rank {top.get('rank')}"
+        who = cause_who(top)
         more = f" (+{len(causes) - 1} more)" if len(causes) > 1 else ""
         text = f"{who} ({top.get('kind')}){more} in a {incident.get('kind')}: " \
                f"{(top.get('evidence') or {}).get('text', '')}"

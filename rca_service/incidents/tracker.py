@@ -22,6 +22,7 @@ from ..analysis.findings import (
     SEVERITY,
     SLOWDOWN,
     Finding,
+    cause_who,
 )
 
 FIRING = "firing"
@@ -310,11 +311,6 @@ class IncidentTracker:
         incident.updated_at = now
         incident.evidence = {**incident.evidence, "resolved_because": reason}
         return Event("resolved", incident)
-
-
-def cause_who(cause: dict[str, Any]) -> str:
-    """Who a root cause (as the API serves it) names: a rank, or the link when it names none."""
-    return "link / transport" if cause.get("rank") is None else f"rank {cause['rank']}"
 
 
 def root_cause_line(incident: dict[str, Any]) -> str:

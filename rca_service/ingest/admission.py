@@ -33,8 +33,9 @@ REJECT_BAD_WORLD_SIZE = "bad_world_size"
 REJECT_BAD_GROUP_RANKS = "bad_group_ranks"
 REJECT_PEER_OUT_OF_WORLD = "peer_out_of_world"
 REJECT_OVERSIZED = "oversized_arrays"
+REJECT_BAD_AGENT = "bad_agent"  # an agent span without host / pid, or node counts out of bounds
 REASONS = (REJECT_RANK_OUT_OF_WORLD, REJECT_BAD_WORLD_SIZE, REJECT_BAD_GROUP_RANKS, REJECT_PEER_OUT_OF_WORLD,
-           REJECT_OVERSIZED)
+           REJECT_OVERSIZED, REJECT_BAD_AGENT)
 
 MAX_INFLIGHT_OPS = 4096  # per heartbeat
 QUIET_INTERVALS = 3.0  # a run silent this many heartbeat intervals has ended: a new run may replace it

@@ -149,6 +149,26 @@ class SeqRecord:
 
 
 @dataclass(slots=True)
+class AgentState:
+    """A launcher agent (one per node) while its node waits for the job's other nodes (schema.KIND_AGENT):
+    no rank exists yet, so what it says is all the RCA knows of a multi-node start-up."""
+
+    host: str
+    pid: int
+    node_rank: int = -1  # where the rendezvous fixes it before the round (static)
+    backend: str = ""
+    nodes_min: int = 0
+    nodes_max: int = 0
+    joined: int = -1  # nodes in the round so far, as this agent last read it (-1: unknown)
+    joined_hosts: tuple[str, ...] = ()
+    expected_hosts: tuple[str, ...] = ()  # the job's hosts (SLURM_JOB_NODELIST), where the launcher tells them
+    phase_s: float = 0.0  # seconds in the node rendezvous, at its last span
+    interval_s: float = 1.0
+    last_at: float = 0.0  # when its last span arrived
+    done: bool = False  # the rendezvous returned (ATTR_HB_FINAL): its workers report from then on
+
+
+@dataclass(slots=True)
 class GroupState:
     group_id: str
     name: str = ""
@@ -219,6 +239,7 @@ class JobState:
     hb_interval: float = 1.0  # the interval the job's ranks last reported (for ranks not heard from yet)
     pauses: dict[tuple[int, str], LearnedPause] = field(default_factory=dict)  # pauses it resumed from
     run_id: str = ""  # the launch (mycroft.run.id) this state belongs to; "" when the ranks send none
+    agents: dict[str, AgentState] = field(default_factory=dict)  # "host:pid" -> its node's agent (multi-node)
     memo: dict[str, Any] = field(default_factory=dict)  # the analysis' memos of slow-changing derived state
 
     def max_interval(self) -> float:
@@ -643,6 +664,8 @@ def _apply_record(jobs: dict[str, JobState], jobs_by_facts: dict[int, JobState],
     a = record.attributes
     kind = a.get(schema.ATTR_SPAN_KIND, "")
     if kind not in _FOLDED_KINDS:
+        if kind == schema.KIND_AGENT:
+            return _apply_agent(jobs, record, received_at, cfg, use_span_time, rejected, evicted), None
         return 0, None
     rank_id = a.get(schema.ATTR_RANK)
     if type(rank_id) is not int:  # the common case is an int attribute; else SpanRecord's rules
@@ -699,6 +722,50 @@ def _apply_record(jobs: dict[str, JobState], jobs_by_facts: dict[int, JobState],
     _apply_heartbeat(job, rank, record, at, cfg)
     rank.hb_checked = checked
     return 1, (job, facts) if shortcut and memo_ok else None
+
+
+MAX_AGENT_HOSTS = 4096  # hosts kept of an agent's lists (a job of more nodes is named by counts)
+
+
+def _hosts(value: Any) -> tuple[str, ...]:
+    return tuple(str(h)[:255] for h in _list(value)[:MAX_AGENT_HOSTS] if isinstance(h, str))
+
+
+def _apply_agent(jobs: dict[str, JobState], record: SpanRecord, received_at: float, cfg: AnalysisConfig,
+                 use_span_time: bool, rejected: dict[str, int] | None, evicted: list[str] | None) -> int:
+    """Fold one agent span (schema.KIND_AGENT) into its job's agents; 1 if used."""
+    a, resource = record.attributes, record.resource
+    host = str(resource.get(schema.RES_HOST_NAME, "") or "")[:255]
+    pid = _int(resource.get(schema.RES_PROCESS_PID), -1)
+    nodes_min, nodes_max = _int(a.get(schema.ATTR_AGENT_NODES_MIN), -1), _int(a.get(schema.ATTR_AGENT_NODES_MAX), -1)
+    limit = cfg.max_ranks_per_job
+    if not host or pid < 0 or not 0 <= nodes_min <= limit or not 0 <= nodes_max <= limit:
+        if rejected is not None:
+            rejected[admission.REJECT_BAD_AGENT] = rejected.get(admission.REJECT_BAD_AGENT, 0) + 1
+        return 0
+    at = record.end_ns / 1e9 if use_span_time else received_at
+    job = _job_for(jobs, record, at, cfg, evicted, admission.resource_facts(resource))
+    key = f"{host}:{pid}"
+    agent = job.agents.get(key)
+    if agent is None:
+        if len(job.agents) >= cfg.max_ranks_per_job:
+            job.dropped_records += 1
+            return 0
+        agent = job.agents[key] = AgentState(host, pid)
+    node_rank = _int(resource.get(schema.RES_NODE_RANK), -1)
+    agent.node_rank = node_rank if 0 <= node_rank < max(nodes_max, 1) else -1
+    agent.backend = str(a.get(schema.ATTR_AGENT_RDZV_BACKEND, "") or "")[:64]
+    agent.nodes_min, agent.nodes_max = nodes_min, nodes_max
+    agent.joined = max(-1, min(_int(a.get(schema.ATTR_AGENT_NODES_JOINED), -1), cfg.max_ranks_per_job))
+    agent.joined_hosts = _hosts(a.get(schema.ATTR_AGENT_JOINED_HOSTS))
+    agent.expected_hosts = _hosts(a.get(schema.ATTR_AGENT_EXPECTED_HOSTS))
+    agent.phase_s = max(0.0, _float(a.get(schema.ATTR_HB_PHASE_S)))
+    agent.interval_s = min(max(_float(a.get(schema.ATTR_HB_INTERVAL_S), 1.0), 0.01), 3600.0)
+    agent.last_at = at
+    agent.done = a.get(schema.ATTR_HB_FINAL) is True
+    if at > job.last_seen:
+        job.last_seen = at
+    return 1
 
 
 def _fold_digests_of(job: JobState, rank: RankState, a: dict[str, Any]) -> None:

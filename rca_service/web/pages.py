@@ -16,7 +16,8 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from ..incidents.tracker import cause_who, root_cause_line
+from ..analysis.findings import cause_who
+from ..incidents.tracker import root_cause_line
 
 NODE_W, NODE_H = 176, 42
 COL_W, ROW_H = 236, 58

@@ -190,3 +190,24 @@ def test_init_arguments_complete_what_the_launcher_did_not_say() -> None:
     # the launcher's word wins; defaults (-1) and other init methods add nothing
     assert init_environment({"RANK": "1", "WORLD_SIZE": "8"}, {"rank": 3})["RANK"] == "1"
     assert launch_facts(init_environment({}, {"rank": -1, "world_size": -1, "init_method": "env://"})) is None
+
+
+def test_the_launcher_agent_its_endpoint_job_id_and_the_job_hosts() -> None:
+    from mycroft.instrumentation.agent import agent_job_id, endpoint_from_argv, expand_hostlist, is_launcher_agent
+
+    assert is_launcher_agent(["/venv/bin/python", "/venv/bin/torchrun", "--nnodes", "2", "train.py"])
+    assert is_launcher_agent(["python3", "-m", "torch.distributed.run", "--nnodes", "2", "train.py"])
+    assert not is_launcher_agent(["python", "train.py", "torchrun"])  # a worker, or a script named anything
+    assert not is_launcher_agent(["python", "-m", "torch.distributed.launch_helper"])
+    assert endpoint_from_argv(["torchrun", "--rdzv-endpoint", "head:29400", "t.py", "--rdzv-endpoint", "x"]) == \
+        "head:29400"
+    assert endpoint_from_argv(["torchrun", "--rdzv_endpoint=head:1", "t.py"]) == "head:1"
+    assert endpoint_from_argv(["torchrun", "--master-addr", "n0", "--master_port=7", "t.py"]) == "n0:7"
+    assert endpoint_from_argv(["torchrun", "t.py"]) == "127.0.0.1:29500"
+    assert agent_job_id({}, "llama", "c10d:h:1") == "llama"
+    assert agent_job_id({"MYCROFT_JOB_ID": "mine"}, "llama", "c10d:h:1") == "mine"
+    assert agent_job_id({}, "none", "c10d:h:1") == agent_job_id({}, "", "c10d:h:1") != agent_job_id({}, "none", "c:h:2")
+    assert expand_hostlist("gpu[01-03,07],login2") == ["gpu01", "gpu02", "gpu03", "gpu07", "login2"]
+    assert expand_hostlist("a[8-10]-ib,b") == ["a8-ib", "a9-ib", "a10-ib", "b"]
+    assert expand_hostlist("node7") == ["node7"] and expand_hostlist("") == []
+    assert expand_hostlist("bad[1-") == [] and expand_hostlist("x[3-1]") == [] and expand_hostlist("x[0-99999]") == []

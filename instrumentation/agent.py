@@ -175,12 +175,12 @@ class AgentReporter:
                 return
 
     def finish(self) -> None:
-        """The rendezvous returned (completed or gave up): one last span, then quiet."""
+        """The rendezvous returned (completed or gave up): one last span, then quiet. Not flushed here:
+        the launcher goes on at once (its process lives while its workers run; the shipper sends it)."""
         self._stop.set()
         self._thread.join(timeout=1.0)
         with contextlib.suppress(Exception):
             self._send(time.time_ns(), final=True)
-            self.shipper.flush(1.0)
 
     def _send(self, now: int, final: bool) -> None:
         view = read_rendezvous(self.handler)

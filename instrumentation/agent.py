@@ -11,9 +11,9 @@ So while `SimpleElasticAgent._rendezvous` runs, a thread of the agent sends agen
 (schema.KIND_AGENT) every heartbeat interval: the rendezvous backend, the nodes it waits for
 (--nnodes MIN[:MAX]), the nodes in the round so far and their hosts (c10d: read from the
 handler's last synced state; static: this node's rank), and the job's hosts where the launcher
-tells them (SLURM_JOB_NODELIST). A last one (ATTR_HB_FINAL) says the rendezvous completed: the
-workers report from then on, under the same job id (the agent passes it to them in
-MYCROFT_JOB_ID). A single-node launch has no node rendezvous to wait in: nothing is reported.
+tells them (SLURM_STEP_NODELIST / SLURM_JOB_NODELIST). A last one (ATTR_HB_FINAL) says the
+rendezvous completed: the workers report from then on, under the same job id (the agent passes
+it to them in MYCROFT_JOB_ID). A single-node launch has no node rendezvous to wait in: nothing is reported.
 
 Everything read from torch's handler is private API: read guarded, a fact it cannot read is
 reported unknown, and an error never reaches the launcher.
@@ -150,10 +150,8 @@ def read_rendezvous(handler: Any) -> RendezvousView:
 class AgentReporter:
     """Agent spans while one node rendezvous runs (started by the wrapped `_rendezvous`)."""
 
-    def __init__(self, handler: Any, job_id: str, nproc: int, interval_s: float, shipper: Any) -> None:
+    def __init__(self, handler: Any, interval_s: float, shipper: Any) -> None:
         self.handler = handler
-        self.job_id = job_id
-        self.nproc = nproc
         self.interval_s = interval_s
         self.shipper = shipper
         self.since_ns = time.time_ns()
@@ -161,7 +159,9 @@ class AgentReporter:
         self._last_ns = self.since_ns
         self._rng = random.Random()
         self._stop = threading.Event()
-        nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+        # the step's nodes where srun started torchrun on each (the allocation's may be more)
+        nodelist = next((os.environ[k] for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                         if os.environ.get(k)), "")
         self.expected_hosts = expand_hostlist(nodelist)[:1024]
         self._thread = threading.Thread(target=self._run, name="mycroft-agent", daemon=True)
         self._thread.start()
@@ -254,8 +254,7 @@ def wrap_rendezvous(original: Callable[..., Any], config: Any, base_resource: Re
                     sink = exporter if exporter is not None or deliver is not None else exporter_from_env()
                     shippers.append(Shipper(sink, resource, config.queue_size, config.export_batch,
                                             config.export_delay_s, deliver=deliver))
-                reporter = AgentReporter(handler, job_id, _nproc(worker_group), config.heartbeat_interval_s,
-                                         shippers[0])
+                reporter = AgentReporter(handler, config.heartbeat_interval_s, shippers[0])
         except Exception as exc:  # never into the launcher
             log.info("mycroft: no node rendezvous reports (%r)", exc)
         try:

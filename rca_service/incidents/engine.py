@@ -123,12 +123,18 @@ class Engine:
                     "in_flight": [{"group_id": op.group_id, "seq": op.seq, "op": op.op, "peer": op.peer,
                                    "age_s": round(op.age_at(now), 3)} for op in rank.inflight],
                 })
+            # a multi-node launch's torchrun agents (one per node) while they waited for each other
+            agents = [{"host": a.host, "pid": a.pid, "node_rank": a.node_rank if a.node_rank >= 0 else None,
+                       "backend": a.backend, "nodes_min": a.nodes_min, "nodes_max": a.nodes_max,
+                       "nodes_joined": a.joined if a.joined >= 0 else None, "done": a.done,
+                       "waited_s": round(a.phase_s + (0.0 if a.done else max(0.0, now - a.last_at)), 3)}
+                      for a in list(job.agents.values())[:1024]]
             out.append({
                 "job": job.job_id, "world_size": job.world_size, "ranks_seen": len(job.ranks),
                 "status_counts": counts, "spans": job.spans, "heartbeats": job.heartbeats,
                 "completions": job.completions,
                 "seconds_since_progress": round(max(0.0, now - job.last_progress_at), 3),
-                "groups": groups, "ranks": ranks,
+                "groups": groups, "ranks": ranks, "agents": agents,
             })
         return out
 

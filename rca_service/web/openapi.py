@@ -116,6 +116,9 @@ OPENAPI: dict[str, Any] = {
                     "status_counts": {"type": "object"},
                     "groups": {"type": "array", "items": {"type": "object"}},
                     "ranks": {"type": "array", "items": {"type": "object"}},
+                    "agents": {"type": "array", "items": {"type": "object"},
+                               "description": "torchrun agents of a multi-node launch (one per node): host, "
+                                              "node_rank, nodes_min / nodes_max / nodes_joined, waited_s, done"},
                 },
             },
         },

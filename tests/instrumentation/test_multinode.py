@@ -10,6 +10,7 @@ the job id the agents pass on) with no loud incident, and the workers' training 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -21,6 +22,7 @@ import pytest
 from mycroft.faults.inject import free_port, kill_tree, local_rca
 from mycroft.faults.scoring import severity
 from tests.conftest import BIN, instrumented_env
+from tests.rca.helpers import http
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +85,13 @@ def test_a_node_that_never_comes_is_named(tmp_path: Path, backend: str) -> None:
                 assert cause["evidence"]["node"] == -1
             assert "1 of 2 nodes" in cause["evidence"]["text"], cause
             assert took < 25.0, took  # interpreter and torch start-up (~5-10 s here) + 5 s of waiting
+            # the jobs API lists the waiting agent (no rank yet)
+            status, body = http(f"{rca.api}/api/v1/jobs")
+            (listed,) = [j for j in json.loads(body) if j["job"] == job]
+            assert status == 200 and listed["ranks_seen"] == 0, listed
+            (waiting,) = listed["agents"]
+            assert waiting["nodes_min"] == 2 and not waiting["done"] and waiting["waited_s"] >= 5.0, waiting
+            assert waiting["node_rank"] == (0 if backend == "static" else None), waiting
         finally:
             kill_tree(agent)
 

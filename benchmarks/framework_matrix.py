@@ -9,7 +9,8 @@ Megatron- and DeepSpeed-style / DCP / DeviceMesh jobs, under each launcher; does
 
 Jobs: mycroft/faults/framework_jobs.py on 4 gloo ranks (see its docstring for what each framework
 issues); launched by mycroft/faults/framework_runs.py. Rows: every framework under `torchrun`, and
-`ddp` + `startup` under every other launcher (`python -m torch.distributed.run`, mp.spawn with
+`ddp` + `startup` under every other launcher (two torchrun agents playing two nodes with a c10d
+rendezvous, `python -m torch.distributed.run`, mp.spawn with
 env://, srun on a real SLURM cluster when tests/slurm_cluster.py provides one, and the in-code
 `mycroft.instrumentation.start()`); `--cross` runs every framework under every launcher chosen.
 Per row: `--runs` block runs, each on a random rank at a random step (the 1st..5th that begins

@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,7 @@ from typing import Any
 from .inject import RunResult, _watch_healthy, alerts_around, free_port, job_env, kill_tree, wait_for_onset
 from .scoring import Diagnosis, critical_at, diagnose, severity
 
-LAUNCHERS = ("torchrun", "distributed_run", "spawn", "srun", "in_code")
+LAUNCHERS = ("torchrun", "torchrun_nodes", "distributed_run", "spawn", "srun", "in_code")
 MODULE = "mycroft.faults.framework_jobs"
 LOSS_RTOL = 1e-5
 BIN = Path(sys.executable).parent
@@ -120,6 +121,13 @@ def launch(framework: str, launcher: str, job_args: list[str], nproc: int = 4, i
                "--monitor-interval", "0.1", "-m", MODULE]
     if launcher == "torchrun":
         return Launch([*prefix, str(BIN / "torchrun"), *elastic, *args], {})
+    if launcher == "torchrun_nodes":  # two torchrun agents on this machine playing two nodes (c10d rendezvous)
+        if nproc % 2:
+            return Launch([], {}, "torchrun_nodes needs an even number of ranks")
+        rdzv = ["--nnodes", "2", "--nproc-per-node", str(nproc // 2), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"nodes-{port}"]
+        agent = shlex.join([*prefix, str(BIN / "torchrun"), *rdzv, "--monitor-interval", "0.1", "-m", MODULE, *args])
+        return Launch(["/bin/sh", "-c", f"{agent} & {agent} & wait"], {})
     if launcher == "distributed_run":
         return Launch([*prefix, *python, "-m", "torch.distributed.run", *elastic, *args], {})
     if launcher == "spawn":

@@ -46,17 +46,18 @@ from mycroft.otlp import AttrValue, SpanRecord
 
 log = logging.getLogger("mycroft.instrumentation")
 
-LAUNCHER_MODULE = "torch.distributed.run"
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")  # the latter: deprecated, runs the former
 
 
 def is_launcher_agent(argv: Sequence[str]) -> bool:
     """Whether this process is torchrun's agent (pure), from sys.orig_argv: `[python,] torchrun ...` or
-    `python -m torch.distributed.run ...` (sys.argv[0] is only "-m" while the interpreter starts)."""
+    `python -m torch.distributed.run ...` (or the deprecated `torch.distributed.launch`; sys.argv[0] is only
+    "-m" while the interpreter starts)."""
     if not argv:
         return False
     if any(os.path.basename(arg) == "torchrun" for arg in argv[:2]):  # the script, or python running it
         return True
-    return any(a == "-m" and b == LAUNCHER_MODULE for a, b in itertools.pairwise(argv))
+    return any(a == "-m" and b in LAUNCHER_MODULES for a, b in itertools.pairwise(argv))
 
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")

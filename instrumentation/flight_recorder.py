@@ -23,12 +23,14 @@ machine; the pickled one without them 16 ms. Gloo never retires entries (state s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import pickle
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mycroft import schema
@@ -65,16 +67,72 @@ def parse_pg_status(text: str | bytes | Doc) -> dict[str, tuple[int, int]]:
     return out
 
 
-def parse_pg_ids(text: str | bytes | Doc) -> dict[str, str]:
-    """{pg id: torch's group name} from the entries of a dump (pure): only entries carry both."""
+def parse_pg_ids(text: str | bytes | Doc) -> tuple[dict[str, str], set[str]]:
+    """({pg id: torch's group name}, the ids whose entries carry no name) from a dump (pure): only
+    entries carry both. A backend torch never named records "" (TORCH_DISTRIBUTED_DEBUG=DETAIL
+    wraps each gloo backend in a ProcessGroupWrapper, which takes the name; the wrapped backend
+    records the group's collectives, and a helper backend the wrapper's own checks): UnnamedIds
+    names those."""
     doc = _doc(text)
-    out: dict[str, str] = {}
+    named: dict[str, str] = {}
+    unnamed: set[str] = set()
     for e in doc.get("entries", []) if isinstance(doc, dict) else []:
         try:
-            out[str(e["pg_id"])] = str(e["process_group"][0])
+            pg_id, name = str(e["pg_id"]), str(e["process_group"][0])
         except (KeyError, TypeError, IndexError):
             continue
-    return out
+        if name:
+            named[pg_id] = name
+        else:
+            unnamed.add(pg_id)
+    return named, unnamed - set(named)
+
+
+UNNAMED_MIN_VOTES = 3
+
+
+@dataclass(slots=True)
+class UnnamedIds:
+    """Names the Flight Recorder's unnamed backends by torch's own per-group counters (pure state).
+
+    The backend that records a group's collectives counts them on the counter the group's
+    `_get_sequence_number_for_group` reads, whoever issued them (Python, C++, compiled code):
+    read side by side, its pg_status `last_enqueued` equals that counter. Each time an unnamed
+    id's value moves and equals exactly one group's counter, that is a vote; an id is named after
+    UNNAMED_MIN_VOTES votes and more than twice any rival's, and a group takes one id, with more
+    than twice the votes of any other id that chose it.
+    The wrapper's helper counts its checks (several per collective) and never settles on a group.
+    Never guessed otherwise: a wrong id gives a group another's frontier."""
+
+    votes: dict[str, Counter[str]] = field(default_factory=dict)
+    last: dict[str, int] = field(default_factory=dict)  # pg id -> the value it last voted at
+
+    def observe(self, enqueued: dict[str, int], counters: dict[str, int]) -> None:
+        """One side-by-side read: unnamed pg id -> last enqueued; group name -> torch's counter."""
+        for pg_id, value in enqueued.items():
+            if value <= 0 or self.last.get(pg_id) == value:
+                continue
+            self.last[pg_id] = value
+            matches = [name for name, counter in counters.items() if counter == value]
+            if len(matches) == 1:
+                self.votes.setdefault(pg_id, Counter())[matches[0]] += 1
+
+    def named(self) -> dict[str, str]:
+        """{pg id: group name} for the ids the evidence names (each group once, or not at all where two
+        ids are as likely: a helper that counts its checks in step with another group's counter)."""
+        claims: dict[str, list[tuple[int, str]]] = {}  # group -> (votes, pg id) of the ids that chose it
+        for pg_id, counted in self.votes.items():
+            ranked = counted.most_common(2)
+            name, n = ranked[0]
+            rival = ranked[1][1] if len(ranked) > 1 else 0
+            if n >= UNNAMED_MIN_VOTES and n > 2 * rival:
+                claims.setdefault(name, []).append((n, pg_id))
+        out: dict[str, str] = {}
+        for name, ids in claims.items():
+            ids.sort(reverse=True)
+            if len(ids) == 1 or ids[0][0] > 2 * ids[1][0]:
+                out[ids[0][1]] = name
+        return out
 
 
 _FR_OPS = (  # substrings of the Flight Recorder's profiling_name ("nccl:all_reduce", "nccl:_allgather_base", ...)
@@ -98,12 +156,13 @@ def op_family(profiling_name: str) -> str:
 class FrEntry:
     """A collective the Flight Recorder holds as not yet completed."""
 
-    group: str  # torch's pg name
+    group: str  # torch's pg name ("" where the backend was never named: see match_unnamed)
     seq: int
     op: str
     bytes: int
     dtype: str
     created_ns: int
+    pg_id: str = ""  # this process's id of the backend that recorded it
 
 
 def parse_active(text: str | bytes | Doc) -> list[FrEntry]:
@@ -122,7 +181,7 @@ def parse_active(text: str | bytes | Doc) -> list[FrEntry]:
                 count *= int(dim)
             out.append(FrEntry(str(e["process_group"][0]), int(e["collective_seq_id"]),
                                op_family(str(e.get("profiling_name", ""))), count * _DTYPE_BYTES.get(dtype, 0),
-                               dtype.lower(), int(e.get("time_created_ns", 0))))
+                               dtype.lower(), int(e.get("time_created_ns", 0)), str(e.get("pg_id", ""))))
         except (KeyError, TypeError, ValueError, IndexError):
             continue
     return out
@@ -189,6 +248,8 @@ class FrontierReader:
                  dumps: list[Callable[..., Any]] | None = None) -> None:
         self._dumps = [dump] if dump is not None else (dumps if dumps is not None else dump_functions())
         self._names: dict[Callable[..., Any], dict[str, str]] = {}  # per dump: pg id -> group name
+        # per dump: pg ids recorded without a name (TORCH_DISTRIBUTED_DEBUG=DETAIL), named by UnnamedIds
+        self._unnamed: dict[Callable[..., Any], UnnamedIds] = {}
         self._learn_at: dict[Callable[..., Any], tuple[float, float]] = {}  # per dump: (next try, backoff)
         self.reads = 0
         self.entry_reads = 0
@@ -199,8 +260,9 @@ class FrontierReader:
     def available(self) -> bool:
         return bool(self._dumps)
 
-    def read(self) -> dict[str, tuple[int, int]]:
-        """{pg name: (last enqueued, last completed)}: pg_status only (small)."""
+    def read(self, counters: Callable[[], dict[str, int]] | None = None) -> dict[str, tuple[int, int]]:
+        """{pg name: (last enqueued, last completed)}: pg_status only (small). `counters` (group name ->
+        torch's counter, read right after) names the backends that record without a name."""
         merged: dict[str, tuple[int, int]] = {}
         for dump in list(self._dumps):
             status = self._call(dump, False, False, parse_pg_status)
@@ -209,6 +271,13 @@ class FrontierReader:
             names = self._names.setdefault(dump, {})
             if any(key not in names for key in status):
                 self._learn(dump, names)
+            unnamed = self._unnamed.get(dump)
+            if unnamed is not None and counters is not None:
+                waiting = {key: value[0] for key, value in status.items() if key not in names and key in unnamed.last}
+                if waiting:
+                    unnamed.observe(waiting, counters())
+                    taken = set(names.values())
+                    names.update({k: v for k, v in unnamed.named().items() if v not in taken and k not in names})
             for key, value in status.items():
                 name = names.get(key)
                 if name is not None:
@@ -217,12 +286,17 @@ class FrontierReader:
         return merged
 
     def read_active(self) -> list[FrEntry]:
-        """The collectives the Flight Recorder holds as not completed (entries; onlyActive)."""
+        """The collectives the Flight Recorder holds as not completed (entries; onlyActive), each named
+        by its group (an unnamed backend's by what match_unnamed learned)."""
         self.entry_reads += 1
         began = time.perf_counter()
         out: list[FrEntry] = []
         for dump in list(self._dumps):
-            out.extend(self._call(dump, True, True, parse_active) or [])
+            names = self._names.get(dump, {})
+            for entry in self._call(dump, True, True, parse_active) or []:
+                if not entry.group and entry.pg_id in names:
+                    entry = dataclasses.replace(entry, group=names[entry.pg_id])
+                out.append(entry)
         self.entry_read_s = time.perf_counter() - began
         return out
 
@@ -232,7 +306,12 @@ class FrontierReader:
         if now < next_try:
             return
         self.name_reads += 1
-        names.update(self._call(dump, True, False, parse_pg_ids) or {})
+        named, unnamed = self._call(dump, True, False, parse_pg_ids) or ({}, set())
+        names.update(named)
+        if unnamed:
+            ids = self._unnamed.setdefault(dump, UnnamedIds())
+            for pg_id in unnamed - set(names):
+                ids.last.setdefault(pg_id, 0)  # known unnamed: read() votes on it from now on
         self._learn_at[dump] = (now + backoff, min(LEARN_MAX_S, backoff * 2))
 
     def _call(self, dump: Callable[..., Any], entries: bool, only_active: bool, parse: Callable[[Any], Any]) -> Any:

@@ -19,6 +19,7 @@ import functools
 import inspect
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -312,6 +313,7 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
     api = FUNCOL_PREFIX + spec.api
     per_thread = recorder.per_thread
     compiling = compiling_check()
+    calls, warm, get_ident = recorder.funcol_calls, recorder.funcol_warm, threading.get_ident
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -332,6 +334,8 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
         if record is None:
             return original(*args, **kwargs)
         depth.value += 1
+        me = get_ident()
+        calls[me] = record  # a call that blocks inside is in flight from its begin (adopt_blocked_calls)
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
@@ -339,6 +343,8 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
             raise
         finally:
             depth.value -= 1
+            calls.pop(me, None)
+        warm.add(api)
         recorder.watch_tensor(record, result)
         return result
 

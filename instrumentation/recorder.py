@@ -182,6 +182,10 @@ class Recorder:
         self._drop_logged = False
         self.pending_works: collections.deque[tuple[OpRecord, Any]] = collections.deque()
         self.funcol_pending: dict[int, OpRecord] = {}
+        # functional collectives whose call has not returned, by thread: one that blocks inside its call
+        # (TORCH_DISTRIBUTED_DEBUG=DETAIL's checks wait for the peers there) is in flight from its begin
+        self.funcol_calls: dict[int, OpRecord] = {}
+        self.funcol_warm: set[str] = set()  # funcol APIs whose first call (seconds of set-up) has returned
         self.funcol_device: list[OpRecord] = []  # waited funcol ops of device-async groups
         self.failures_pending = False  # a failed op is queued: the runtime ships it at once
         # one entry per thread inside Work.wait() (patching's wrapper): append / pop are atomic C calls,
@@ -315,9 +319,21 @@ class Recorder:
         record.root = root if isinstance(root, int) else -1
 
     def track_issued(self, record: OpRecord) -> None:
-        """An op begun with track=False is issued now: in flight from this instant."""
+        """An op begun with track=False is issued now: in flight from this instant (unless
+        adopt_blocked_calls took it in flight while its call blocked)."""
+        if record in self.inflight:
+            return
         record.start_ns = _now_ns()
         self._track(record, record.start_ns)
+
+    def adopt_blocked_calls(self, now_ns: int, after_ns: int) -> None:
+        """Runtime thread: a functional collective whose call has lasted `after_ns` (past the first call
+        of its API, which spends seconds setting funcol up) waits inside it for its peers: in flight
+        from its begin. Its return finds it there (track_issued)."""
+        for record in list(self.funcol_calls.values()):
+            if record not in self.inflight and now_ns - record.start_ns >= after_ns and \
+                    record.api in self.funcol_warm:
+                self._track(record, record.start_ns)
 
     def _track(self, record: OpRecord, start: int) -> None:
         if self.idle():

@@ -64,6 +64,8 @@ ENTRY_DUMP_GAP_MAX_S = 4.0
 # a host-synchronous op (gloo) no Python call of ours issued is looked up once it stayed open this long:
 # a healthy C++ op (a DDP bucket) ends before; a stuck one is named well before the RCA's 1 s hang minimum
 HOST_SYNC_OPEN_S = 0.5
+# a functional collective whose call lasts this long waits inside it for its peers (DETAIL's checks)
+BLOCKED_CALL_NS = 200_000_000
 # The runtime thread wakes every BUSY_TICK_S while an op's completion is being polled (its span's end
 # time is the poll's), else once per frontier read: each wake costs ~100 us cold, and spans drained in
 # fewer, fuller batches cost half as much per op (docs/instrumentation.md, "Fewer, fuller ticks")
@@ -454,7 +456,7 @@ class Runtime:
         groups = self.recorder.groups.all()
         if not groups or not self._frontier.available:
             return
-        status = self._frontier.read()
+        status = self._frontier.read(lambda: {info.name: info.counter() for info in groups})
         if not status:
             return
         tracker = self.recorder.completion
@@ -536,6 +538,7 @@ class Runtime:
     def _heartbeat(self, now: int, final_reason: str = "") -> SpanRecord:
         recorder = self.recorder
         self._read_frontier()  # pg_status only: fresh for the heartbeat
+        recorder.adopt_blocked_calls(now, BLOCKED_CALL_NS)
         inflight = recorder.snapshot_inflight()
         posted = recorder.posted_only(inflight)
         last_activity = recorder.counters.last_activity_ns

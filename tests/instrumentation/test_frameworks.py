@@ -49,7 +49,7 @@ def test_block_names_the_rank(rca: Any, framework: str, rank: int, step: int, po
     # no page while the job ran steadily before the onset (the start-up window, where ranks compile and
     # drift apart, is the healthy test's and the benchmark's `early` column's business). A warning there
     # can be true: 4 ranks on 2 cores, one out of communication ~1.3 s in an early step (mesh2d, 1 in ~30)
-    assert result.extra.get("pages_steady") == 0, (result.note, result.extra.get("incidents"))
+    assert not result.extra.get("pages_steady"), (result.note, result.extra.get("incidents"))
     assert result.detection_s is not None and result.detection_s <= 5.0, result.note
     incident = result.incident
     assert incident is not None
@@ -57,6 +57,17 @@ def test_block_names_the_rank(rca: Any, framework: str, rank: int, step: int, po
     assert top["rank"] == rank
     if framework != "startup":
         assert incident["kind"] == "hang" and top["kind"] == "not_entered", incident
+
+
+def test_a_blocked_tp_rank_is_named_under_torch_distributed_debug_detail(rca: Any) -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL (what users set to debug a hang) wraps each gloo backend: the
+    Flight Recorder's backends go unnamed (named here by their counters) and a functional collective
+    waits for its peers inside its call (the wrapper's checks), so it is in flight from its begin."""
+    result = run_block(rca, "tp_eager", rank=2, step=3, point="before_step", seed=11, timeout_s=15,
+                       env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert result.correct, (result.note, result.extra.get("incidents"), result.extra.get("log"))
+    assert not result.extra.get("pages_steady"), (result.note, result.extra.get("incidents"))
+    assert result.detection_s is not None and result.detection_s <= 5.0, result.note
 
 
 def test_a_rank_that_never_reaches_init_under_mp_spawn_is_named(rca: Any) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def test_the_runtime_wakes_often_only_while_it_polls_a_completion_and_never_past
 
 
 _GLOO_DUMPS = r"""
-import dataclasses, json, sys
+import dataclasses, json, sys, time
 import torch, torch.distributed as dist
 from mycroft.instrumentation.flight_recorder import parse_active, parse_pg_ids, parse_pg_status, pickled_dump
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
@@ -126,10 +127,12 @@ tp = dist.new_group([0], group_desc="TP")
 for i in range(30):
     dist.all_reduce(torch.ones(8 + i))
     dist.broadcast(torch.ones(3, dtype=torch.float64), 0, group=tp)
+time.sleep(0.3)  # gloo's thread marks the last op completed in its Flight Recorder just after the wait returns
 c10d = torch._C._distributed_c10d
 out = {}
 for name, dump in (("json", c10d._dump_fr_trace_json), ("pickled", pickled_dump(c10d._dump_fr_trace))):
-    out[name] = {"status": parse_pg_status(dump(False, False)), "ids": parse_pg_ids(dump(True, False)),
+    out[name] = {"status": parse_pg_status(dump(False, False)), "ids": parse_pg_ids(dump(True, False))[0],
+                 "unnamed": len(parse_pg_ids(dump(True, False))[1]),
                  "active": [list(map(str, dataclasses.astuple(e))) for e in parse_active(dump(True, True))]}
 print(json.dumps(out))
 dist.destroy_process_group()
@@ -147,5 +150,70 @@ def test_the_pickled_dump_reads_as_the_json_one_on_real_gloo(tmp_path: Path) -> 
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["pickled"] == out["json"]
     assert out["json"]["ids"] == {"0": "0", "1": "1"} and out["json"]["status"]["1"] == [30, 30]
+    assert out["json"]["unnamed"] == 0
     ops = {(e[0], e[2], e[4]) for e in out["json"]["active"]}  # gloo's entries stay "scheduled"
     assert ("0", "all_reduce", "float") in ops and ("1", "broadcast", "double") in ops
+
+
+_DETAIL_DUMP = r"""
+import json, sys, time
+import torch, torch.distributed as dist
+from mycroft.instrumentation.flight_recorder import UnnamedIds, parse_pg_ids, parse_pg_status, pickled_dump
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+tp = dist.new_group([0], group_desc="TP")
+groups = {"0": dist.group.WORLD, "1": tp}
+dump = pickled_dump(torch._C._distributed_c10d._dump_fr_trace)
+ids = UnnamedIds()
+unnamed = set()
+for i in range(12):
+    for n in (4, 2, 3):  # 3 on the world group per 1 on TP: the helpers' counts (2 per op) equal no counter
+        dist.all_reduce(torch.ones(n))
+    dist.all_gather_into_tensor(torch.empty(4), torch.ones(4), group=tp)
+    time.sleep(0.05)  # gloo's thread marks an op in its Flight Recorder just after the wait returns
+    if i == 1:
+        named, unnamed = parse_pg_ids(dump(True, False))
+    if unnamed:
+        status = parse_pg_status(dump(False, False))
+        ids.observe({k: v[0] for k, v in status.items() if k in unnamed},
+                    {name: g._get_sequence_number_for_group() for name, g in groups.items()})
+print(json.dumps({"named": named, "unnamed": sorted(unnamed), "status": parse_pg_status(dump(False, False)),
+                  "matched": ids.named()}))
+dist.destroy_process_group()
+"""
+
+
+def test_backends_torch_left_unnamed_are_named_by_their_groups_counters(tmp_path: Path) -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each gloo backend: the wrapped one records the group's
+    collectives without a name, a helper its checks (numbered apart). Their frontiers read beside
+    the groups' own counters name each group's backend and leave the helpers out."""
+    from tests.conftest import free_port
+
+    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    result = subprocess.run([sys.executable, "-c", _DETAIL_DUMP, str(free_port())], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["named"] == {} and len(out["unnamed"]) == 4, out  # two groups, each wrapped with a helper
+    matched = out["matched"]
+    assert sorted(matched.values()) == ["0", "1"], out
+    by_group = {name: pg_id for pg_id, name in matched.items()}
+    assert out["status"][by_group["0"]] == [36, 36] and out["status"][by_group["1"]] == [12, 12], out
+    helpers = set(out["unnamed"]) - set(matched)
+    assert sorted(out["status"][h][0] for h in helpers) == [24, 72], out  # the checks, 2 per collective
+
+
+def test_unnamed_ids_are_named_only_on_unambiguous_evidence() -> None:
+    from mycroft.instrumentation.flight_recorder import UnnamedIds
+
+    ids = UnnamedIds()
+    for k in range(1, 6):
+        # "a" follows group tp; "h" counts 4 per op and equals dp's counter once; equal counters vote for nobody
+        ids.observe({"a": k, "h": 4 * k, "z": 7}, {"tp": k, "dp": 2 * k if k != 2 else 8, "pp": 7, "ep": 7})
+    assert ids.named() == {"a": "tp"}
+    ids.observe({"a": 6}, {"tp": 6})
+    ids.observe({"a": 6}, {"tp": 6})  # a value that did not move votes once
+    assert ids.votes["a"]["tp"] == 6
+    tie = UnnamedIds()
+    for k in range(1, 6):  # a helper counting 2 per tp op, in step with dp (2 per tp op): which is dp's?
+        tie.observe({"w": 2 * k, "h": 2 * k}, {"dp": 2 * k, "tp": k})
+    assert tie.named() == {}

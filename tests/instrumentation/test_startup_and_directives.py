@@ -197,6 +197,7 @@ def test_the_launcher_agent_its_endpoint_job_id_and_the_job_hosts() -> None:
 
     assert is_launcher_agent(["/venv/bin/python", "/venv/bin/torchrun", "--nnodes", "2", "train.py"])
     assert is_launcher_agent(["python3", "-m", "torch.distributed.run", "--nnodes", "2", "train.py"])
+    assert is_launcher_agent(["python3", "-m", "torch.distributed.launch", "--nnodes", "2", "train.py"])
     assert not is_launcher_agent(["python", "train.py", "torchrun"])  # a worker, or a script named anything
     assert not is_launcher_agent(["python", "-m", "torch.distributed.launch_helper"])
     assert endpoint_from_argv(["torchrun", "--rdzv-endpoint", "head:29400", "t.py", "--rdzv-endpoint", "x"]) == \

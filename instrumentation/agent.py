@@ -22,7 +22,6 @@ reported unknown, and an error never reaches the launcher.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import logging
 import os
@@ -37,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mycroft.instrumentation.config import ENV_JOB_ID
-from mycroft.instrumentation.startup import named_resource
+from mycroft.instrumentation.startup import endpoint_job_id, named_resource
 from mycroft.instrumentation.thread_names import name_this_thread
 from opentelemetry.sdk.resources import Resource
 
@@ -110,7 +109,7 @@ def agent_job_id(env: Mapping[str, str], run_id: str, endpoint: str) -> str:
         return env[ENV_JOB_ID]
     if run_id and run_id != "none":
         return run_id
-    return "job-" + hashlib.blake2b(endpoint.encode(), digest_size=8).hexdigest()
+    return endpoint_job_id(endpoint)
 
 
 @dataclass(slots=True)

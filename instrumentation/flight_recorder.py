@@ -156,7 +156,7 @@ def op_family(profiling_name: str) -> str:
 class FrEntry:
     """A collective the Flight Recorder holds as not yet completed."""
 
-    group: str  # torch's pg name ("" where the backend was never named: see match_unnamed)
+    group: str  # torch's pg name ("" where the backend was never named: see UnnamedIds)
     seq: int
     op: str
     bytes: int
@@ -287,7 +287,7 @@ class FrontierReader:
 
     def read_active(self) -> list[FrEntry]:
         """The collectives the Flight Recorder holds as not completed (entries; onlyActive), each named
-        by its group (an unnamed backend's by what match_unnamed learned)."""
+        by its group (an unnamed backend's by what UnnamedIds learned)."""
         self.entry_reads += 1
         began = time.perf_counter()
         out: list[FrEntry] = []

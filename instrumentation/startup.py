@@ -77,9 +77,13 @@ def launch_job_id(env: Mapping[str, str]) -> str | None:
         step = env.get("SLURM_STEP_ID", "")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-        endpoint = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-        return "job-" + hashlib.blake2b(endpoint.encode(), digest_size=8).hexdigest()
+        return endpoint_job_id(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}")
     return None
+
+
+def endpoint_job_id(endpoint: str) -> str:
+    """A job id from the rendezvous endpoint every node of one launch is given (pure)."""
+    return "job-" + hashlib.blake2b(endpoint.encode(), digest_size=8).hexdigest()
 
 
 def launch_facts(env: Mapping[str, str]) -> LaunchFacts | None:

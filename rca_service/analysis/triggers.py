@@ -27,7 +27,12 @@ UNSEEN = "unseen"  # member of a group that never reported
 
 
 def lost_after(rank: RankState, cfg: AnalysisConfig) -> float:
-    return cfg.lost_intervals * rank.hb_interval + cfg.lost_slack_s
+    return silent_limit(rank.hb_interval, cfg)
+
+
+def silent_limit(interval_s: float, cfg: AnalysisConfig) -> float:
+    """How long a reporter on this heartbeat interval may be silent before it counts as lost."""
+    return cfg.lost_intervals * interval_s + cfg.lost_slack_s
 
 
 def too_young_to_miss(job: JobState, now: float, cfg: AnalysisConfig) -> bool:

@@ -61,6 +61,7 @@ from .triggers import (
     hang_threshold,
     late,
     lost_after,
+    silent_limit,
     spoke_at,
     too_young_to_miss,
 )
@@ -855,13 +856,12 @@ def _node_rendezvous_finding(job: JobState, now: float, cfg: AnalysisConfig) -> 
     job's hosts (SLURM_JOB_NODELIST, in node order), else counted. Named after node_rendezvous_min_s
     (or startup_threshold_s over the agents' arrivals), critical after node_rendezvous_budget_s."""
     def fresh(agent: AgentState) -> bool:
-        return now - agent.last_at <= cfg.lost_intervals * agent.interval_s + cfg.lost_slack_s
+        return now - agent.last_at <= silent_limit(agent.interval_s, cfg)
 
     waiting = [a for a in job.agents.values() if not a.done and fresh(a)]
     if not waiting:
         return None
-    if any(not r.final and now - r.last_hb_at <= cfg.lost_intervals * r.hb_interval + cfg.lost_slack_s
-           for r in job.ranks.values()):
+    if any(not r.final and now - r.last_hb_at <= lost_after(r, cfg) for r in job.ranks.values()):
         return None  # ranks run: the agents' rendezvous is done somewhere (an elastic re-join is the ranks' story)
     waits = [a.phase_s + max(0.0, now - a.last_at) for a in waiting]
     wait_s = max(waits)

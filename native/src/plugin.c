@@ -42,6 +42,21 @@
 #define MC_LIKELY(x) __builtin_expect(!!(x), 1)
 #define MC_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
+/* Test builds only (make hooks: -DMC_TEST_HOOKS): a callback at points where another thread
+ * could interleave, so a test can force an interleaving deterministically. Production builds
+ * compile the hook points to nothing. */
+enum { MC_HOOK_CHILD_VALIDATED = 1 }; /* child_parent: parent checked, child not yet counted */
+#ifdef MC_TEST_HOOKS
+typedef void (*mc_test_hook_t)(int point, void* obj);
+static mc_test_hook_t mc_test_hook;
+#define MC_TEST_HOOK(point, obj) \
+  do {                           \
+    if (mc_test_hook) mc_test_hook((point), (obj)); \
+  } while (0)
+#else
+#define MC_TEST_HOOK(point, obj) ((void)0)
+#endif
+
 #define MC_MAX_STEPS 16u /* power of two, > NCCL_STEPS (8) */
 #define MC_ALLOC_PROBES 32u
 
@@ -76,12 +91,31 @@ typedef struct mc_parent { /* a Coll, P2p or CeColl event */
   char variant[56];   /* v7 kernelVariant, "" when none */
   uint64_t start_t; /* hot-path timestamps are clock ticks (mc_ticks); the publisher converts */
   _Atomic uint64_t stop_t;
-  _Atomic uint64_t children; /* low 32 bits: open children, high 32: children seen (one RMW each way) */
+  _Atomic uint64_t children; /* MC_CH_*: open children, children seen, the slot's generation (one word) */
   _Atomic uint64_t last_activity_t;
   _Atomic uint64_t end_t; /* max over children stops */
   /* publisher-private */
   uint64_t last_snapshot_ns;
 } mc_parent_t;
+
+/* mc_parent_t.children is one word, so that counting a child and retiring the collective exclude
+ * each other (a child counted against a slot the publisher has just freed would be wiped by the
+ * next occupant's start, and its stop would then underflow that collective's count):
+ *   bits  0-23  children open (bounded by the flow + kernel-channel pools, <= 2^21)
+ *   bits 24-47  children seen (saturating)
+ *   bits 48-63  the slot's generation: odd while a collective holds the slot (set by its start),
+ *               even once the publisher retired it (its CAS needs no open child)
+ * A child takes the generation with its first load, checks the slot is live, and counts itself
+ * with a CAS that only succeeds on that generation: if the collective was retired (or the slot
+ * retired and reused) in between, the child is an orphan and the slot's occupant is untouched. */
+#define MC_CH_OPEN 0xffffffull
+#define MC_CH_SEEN_ONE (1ull << 24)
+#define MC_CH_SEEN (0xffffffull << 24)
+#define MC_CH_GEN_SHIFT 48
+#define MC_CH_GEN_ONE (1ull << MC_CH_GEN_SHIFT)
+#define MC_CH_GEN (0xffffull << MC_CH_GEN_SHIFT)
+static inline uint32_t ch_open(uint64_t c) { return (uint32_t)(c & MC_CH_OPEN); }
+static inline uint32_t ch_seen(uint64_t c) { return (uint32_t)((c & MC_CH_SEEN) >> 24); }
 
 typedef struct mc_step {
   uint8_t type;
@@ -479,7 +513,12 @@ static void* start_parent(mc_ctx_t* ctx, int type, uint64_t seq, const char* fun
   p->start_t = now;
   p->last_snapshot_ns = now;
   atomic_store_explicit(&p->stop_t, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->children, 0, memory_order_relaxed);
+  /* a new generation (odd: held), no child open or seen. Release: a child that loads this
+   * generation also sees the previous occupant's retirement, so it cannot take that one's
+   * state for this one's. The slot is ours (BUSY): children only CAS an odd generation
+   * they loaded, and the previous one was retired (even), so nothing else writes here. */
+  uint64_t gen = ((atomic_load_explicit(&p->children, memory_order_relaxed) >> MC_CH_GEN_SHIFT) + 1) | 1;
+  atomic_store_explicit(&p->children, gen << MC_CH_GEN_SHIFT, memory_order_release);
   atomic_store_explicit(&p->last_activity_t, now, memory_order_relaxed);
   atomic_store_explicit(&p->end_t, 0, memory_order_relaxed);
   atomic_store_explicit(&p->state, S_ACTIVE, memory_order_release);
@@ -494,18 +533,30 @@ static inline int owned(const mc_ctx_t* ctx, const void* p) {
          (ctx->pairs && MC_IN(p, ctx->pairs, ctx->npairs)) || p == (const void*)&ctx->overflow;
 }
 
-/* Resolve a child's parentObj: NULL, not ours, a retired slot or a foreign type make it an orphan. */
+/* Resolve a child's parentObj: NULL, not ours, a retired slot or a foreign type make it an
+ * orphan. The parent is claimed by its generation (see MC_CH_*): the seq read here belongs to
+ * the collective the child is counted against, and a collective retired between the check and
+ * the count is never counted against (nor is its slot's next occupant). */
 static inline mc_parent_t* child_parent(const mc_ctx_t* ctx, void* parentObj, uint64_t now, uint64_t* seq,
                                         uint16_t* kind) {
   mc_parent_t* p = (mc_parent_t*)parentObj;
-  if (!p || !MC_IN(p, ctx->colls, ctx->ncolls) || !parent_live(p) || (p->type != T_COLL && p->type != T_P2P)) {
-    *seq = UINT64_MAX;
-    *kind = 0;
-    return NULL;
+  *seq = UINT64_MAX;
+  *kind = 0;
+  if (!p || !MC_IN(p, ctx->colls, ctx->ncolls)) return NULL;
+  uint64_t c = atomic_load_explicit(&p->children, memory_order_acquire);
+  const uint64_t gen = c & MC_CH_GEN;
+  if (!(gen & MC_CH_GEN_ONE) || !parent_live(p) || (p->type != T_COLL && p->type != T_P2P)) return NULL;
+  uint64_t pseq = p->seq;
+  uint16_t pkind = p->type == T_COLL ? MC_REC_COLL_DONE : MC_REC_P2P_DONE;
+  MC_TEST_HOOK(MC_HOOK_CHILD_VALIDATED, p);
+  for (;;) { /* only fails while other children of the same collective count themselves */
+    if ((c & MC_CH_GEN) != gen) return NULL; /* retired (and maybe reused) since the check */
+    uint64_t next = c + 1 + ((c & MC_CH_SEEN) == MC_CH_SEEN ? 0 : MC_CH_SEEN_ONE);
+    if (atomic_compare_exchange_weak_explicit(&p->children, &c, next, memory_order_acq_rel, memory_order_acquire))
+      break;
   }
-  *seq = p->seq;
-  *kind = p->type == T_COLL ? MC_REC_COLL_DONE : MC_REC_P2P_DONE;
-  atomic_fetch_add_explicit(&p->children, 1ull | (1ull << 32), memory_order_acq_rel);
+  *seq = pseq;
+  *kind = pkind;
   atomic_store_explicit(&p->last_activity_t, now, memory_order_relaxed);
   return p;
 }
@@ -806,7 +857,7 @@ static void emit_parent(mc_parent_t* p, int kind, uint16_t flags, int64_t off, u
   r.u.coll.root_or_peer = p->root_or_peer;
   r.u.coll.nchannels = p->nchannels;
   r.u.coll.nwarps = p->nwarps;
-  uint32_t total = (uint32_t)(atomic_load_explicit(&p->children, memory_order_relaxed) >> 32);
+  uint32_t total = ch_seen(atomic_load_explicit(&p->children, memory_order_relaxed));
   r.u.coll.nchildren = (uint16_t)(total > 0xffff ? 0xffff : total);
   memcpy(r.u.coll.func, p->func, sizeof p->func);
   memcpy(r.u.coll.algo, p->algo, sizeof p->algo);
@@ -960,19 +1011,26 @@ static void publish_ctx(mc_ctx_t* ctx, uint64_t now, int64_t off, uint64_t now_r
     int snap_kind = p->type == T_COLL ? MC_REC_COLL : MC_REC_P2P;
     if (abort) {
       emit_parent(p, done_kind, MC_FLAG_ABORTED, off, now_real);
+      atomic_fetch_add_explicit(&p->children, MC_CH_GEN_ONE, memory_order_acq_rel); /* retired: even */
       atomic_store_explicit(&p->state, S_FREE, memory_order_release);
       continue;
     }
-    uint64_t last = ticks_to_ns(atomic_load_explicit(&p->last_activity_t, memory_order_relaxed));
+    /* children first (acquire): a child's last activity is stored before its count changes */
     uint64_t children = atomic_load_explicit(&p->children, memory_order_acquire);
-    uint32_t seen = (uint32_t)(children >> 32);
+    uint64_t last = ticks_to_ns(atomic_load_explicit(&p->last_activity_t, memory_order_relaxed));
+    uint32_t seen = ch_seen(children);
     int quiet = now >= last && now - last >= g.linger_ns;
     /* a communicator whose collectives have had children waits for this one's first child
      * (its kernel may be queued behind a long one); one that never had any retires at the
      * linger as before (its transport or NCCL version emits no children) */
     int waiting = p->expect && seen == 0 && ctx->colls_with_children > 0;
     int starved = waiting && now >= last && now - last >= g.child_wait_ns;
-    if (st == S_STOPPED && (uint32_t)children == 0 && quiet && (!waiting || starved)) {
+    if (st == S_STOPPED && ch_open(children) == 0 && quiet && (!waiting || starved)) {
+      /* retire by moving to the next (even) generation, only if no child counted itself since
+       * the load: a child that lost this race is an orphan, one that won keeps it open */
+      if (!atomic_compare_exchange_strong_explicit(&p->children, &children, children + MC_CH_GEN_ONE,
+                                                   memory_order_acq_rel, memory_order_relaxed))
+        continue;
       if (seen) ctx->colls_with_children++;
       emit_parent(p, done_kind, starved ? MC_FLAG_UNFINISHED : 0, off, now_real);
       atomic_store_explicit(&p->state, S_FREE, memory_order_release);
@@ -1546,6 +1604,11 @@ MC_EXPORT int mycroft_native_clock(uint64_t* converted_ns, uint64_t* mono, uint3
   pthread_mutex_unlock(&g.lock);
   return rc;
 }
+
+#ifdef MC_TEST_HOOKS
+/* Test builds: install the interleaving callback (NULL removes it). */
+MC_EXPORT void mycroft_native_test_hook(mc_test_hook_t hook) { mc_test_hook = hook; }
+#endif
 
 /* Path of this process's ring ("" before the first communicator). */
 MC_EXPORT const char* mycroft_native_ring_path(void) { return g.ring_path; }

@@ -27,7 +27,11 @@
  *   rec  H STATE [ARG]
  *   stop H
  *   fin  C
- *   flush | pause | sleep MS | expect_null H | expect_handle H
+ *   flush | pause | sleep MS | expect_null H | expect_handle H | expect_same H1 H2
+ *   hook POINT ... endhook             arm the enclosed lines: they run once, inside the plugin,
+ *                                      the next time it reaches POINT (child_validated); needs a
+ *                                      test build of the plugin (make hooks)
+ *   expect_hooks N                     armed blocks that have run so far
  * Every call must return ncclSuccess; anything else exits non-zero.
  */
 #define _GNU_SOURCE
@@ -50,6 +54,7 @@
 
 typedef struct {
   int version;
+  void* lib;
   const mcNcclProfiler_v4_t* t4;
   const mcNcclProfiler_v7_t* t5; /* v5, v6 and v7 share the table layout (v7 descriptors are a superset) */
   uint64_t (*flush)(void);
@@ -87,6 +92,7 @@ static prof_t load(const char* lib, int version) {
   prof_t p = {.version = version};
   void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (!h) die("dlopen %s: %s", lib, dlerror());
+  p.lib = h;
   char sym[32];
   snprintf(sym, sizeof sym, "ncclProfiler_v%d", version);
   void* t = dlsym(h, sym);
@@ -300,21 +306,72 @@ static const char* keep(const char* s) {
   return c;
 }
 
-static int cmd_replay(const char* lib, int version, const char* script) {
-  prof_t p = load(lib, version);
-  FILE* f = strcmp(script, "-") ? fopen(script, "r") : stdin;
-  if (!f) die("cannot open %s", script);
-  char line[1024];
-  int lineno = 0;
-  while (fgets(line, sizeof line, f)) {
-    lineno++;
+/* the replay's state: the loaded plugin, the script's lines and an armed interleaving hook */
+static prof_t P;
+static char** lines;
+static int nlines;
+static struct {
+  int point, first, last; /* armed: lines [first, last) run once when the plugin reaches point */
+  int runs;
+} hook = {0, -1, -1, 0};
+
+static void run_lines(int from, int to);
+
+/* Test builds of the plugin (make hooks) call back at points where another thread could
+ * interleave; the armed block of script lines runs there, on the calling thread, once. */
+static void on_hook(int point, void* obj) {
+  (void)obj;
+  if (point != hook.point || hook.first < 0) return;
+  int first = hook.first, last = hook.last;
+  hook.first = hook.last = -1;
+  hook.runs++;
+  run_lines(first, last);
+}
+
+static int hook_point_of(const char* name) {
+  if (!strcmp(name, "child_validated")) return 1; /* MC_HOOK_CHILD_VALIDATED */
+  die("unknown hook point %s", name);
+  return 0;
+}
+
+/* Run script lines [from, to): one call per line. */
+static void run_lines(int from, int to) {
+  prof_t p = P;
+  for (int i = from; i < to; i++) {
+    int lineno = i + 1;
+    char line[1024];
+    snprintf(line, sizeof line, "%s", lines[i]);
     char* tok[16];
+    char* save = NULL;
     int n = 0;
-    for (char* s = strtok(line, " \t\r\n"); s && n < 16; s = strtok(NULL, " \t\r\n")) tok[n++] = s;
+    for (char* s = strtok_r(line, " \t\r\n", &save); s && n < 16; s = strtok_r(NULL, " \t\r\n", &save)) tok[n++] = s;
     if (n == 0 || tok[0][0] == '#') continue;
     const char* op = tok[0];
 #define NEED(k) \
   if (n < (k)) die("line %d: %s needs %d fields", lineno, op, (k))
+    if (!strcmp(op, "hook")) { /* hook POINT ... endhook: arm the block for the plugin's next call at POINT */
+      NEED(2);
+      int j = i + 1;
+      while (j < to && strncmp(lines[j], "endhook", 7)) j++;
+      if (j == to) die("line %d: hook without endhook", lineno);
+      void (*set)(void (*)(int, void*));
+      *(void**)&set = dlsym(p.lib, "mycroft_native_test_hook");
+      if (!set) die("line %d: hook needs a test build of the plugin (make hooks)", lineno);
+      set(on_hook);
+      hook.point = hook_point_of(tok[1]);
+      hook.first = i + 1;
+      hook.last = j;
+      i = j;
+      continue;
+    } else if (!strcmp(op, "expect_hooks")) { /* expect_hooks N: armed blocks that ran so far */
+      NEED(2);
+      if (hook.runs != atoi(tok[1])) die("line %d: %d hook blocks ran, expected %s", lineno, hook.runs, tok[1]);
+      continue;
+    } else if (!strcmp(op, "expect_same")) { /* expect_same H1 H2: the plugin gave both the same handle (a reused slot) */
+      NEED(3);
+      if (handles[hid(tok[1])] != handles[hid(tok[2])]) die("line %d: handles %s and %s differ", lineno, tok[1], tok[2]);
+      continue;
+    }
     if (!strcmp(op, "init")) {
       NEED(7);
       int c = cid(tok[1]);
@@ -462,7 +519,28 @@ static int cmd_replay(const char* lib, int version, const char* script) {
       die("line %d: unknown op %s", lineno, op);
     }
   }
+#undef NEED
+}
+
+static int cmd_replay(const char* lib, int version, const char* script) {
+  P = load(lib, version);
+  prof_t p = P;
+  FILE* f = strcmp(script, "-") ? fopen(script, "r") : stdin;
+  if (!f) die("cannot open %s", script);
+  char buf[1024];
+  int cap = 0;
+  while (fgets(buf, sizeof buf, f)) {
+    if (nlines == cap) {
+      cap = cap ? 2 * cap : 256;
+      lines = realloc(lines, (size_t)cap * sizeof *lines);
+      if (!lines) die("oom");
+    }
+    if (!(lines[nlines++] = strdup(buf))) die("oom");
+  }
   if (f != stdin) fclose(f);
+  run_lines(0, nlines);
+  for (int i = 0; i < nlines; i++) free(lines[i]);
+  free(lines);
   printf("DONE %s\n", p.ring_path());
   for (size_t i = 0; i < nkept; i++) free(kept[i]);
   return 0;

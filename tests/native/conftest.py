@@ -11,6 +11,16 @@ import pytest
 from mycroft.native import BUILD_DIR, PACKAGE_DIR, library_path
 
 DRIVER = BUILD_DIR / "driver"
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests here run make, cc, the C driver or emulated ranks: processes, so slow (`-m "not slow"`
+    stays in-process), except in modules that declare IN_PROCESS = True."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if HERE in Path(str(item.path)).parents and not getattr(module, "IN_PROCESS", False):
+            item.add_marker(pytest.mark.slow)
 
 
 def make(*targets: str) -> None:

@@ -10,6 +10,8 @@ from mycroft.rca_service.analysis.flow_state import SIDE_RECV, SIDE_SEND, classi
 from mycroft import schema
 from mycroft.schema import flow_state
 
+IN_PROCESS = True  # pure functions on hand-written heartbeats (tests/native/conftest.py marks the rest slow)
+
 
 @pytest.mark.parametrize(("g", "t", "d", "steps", "state"), [
     (0, 0, 0, 8, schema.FLOW_STATE_NOT_STARTED),

@@ -14,6 +14,8 @@ from .conftest import make
 from .test_chain import SCRIPT as CHAIN_SCRIPT
 from .test_edges import EDGES
 from .test_hazards import FOREIGN_CTX, KCH_STOP_FIRST, POOL_FULL, STEPS_MISMATCH
+from .test_parent_race import ENV as RACE_ENV
+from .test_parent_race import RETIRED, REUSED
 from .test_v7 import V7
 
 SAN_ERRORS = ("ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer", "ERROR: LeakSanitizer")
@@ -103,6 +105,17 @@ def test_asan_ubsan_v7_hazards_and_chaining(asan: tuple[Path, Path], ring_dir: P
                           text=True, env={**_env(ring_dir), **env}, timeout=120))
     if name == "chain":
         assert '"bad_handle": 0, "bad_parent": 0' in (tmp_path / "counts.json").read_text()
+
+
+@pytest.mark.parametrize("name", ["retired", "reused"])
+def test_asan_ubsan_parent_race(asan: tuple[Path, Path], ring_dir: Path, tmp_path: Path, name: str) -> None:
+    """The forced parent/child interleavings (test_parent_race) on the hooked build, under ASan/UBSan."""
+    driver, _ = asan
+    make("hooks")
+    path = tmp_path / f"{name}.script"
+    path.write_text({"retired": RETIRED, "reused": REUSED}[name])
+    _clean(subprocess.run([str(driver), "replay", str(BUILD_DIR / "asan" / "hooks" / LIBRARY_NAME), "v6", str(path)],
+                          capture_output=True, text=True, env={**_env(ring_dir), **RACE_ENV}, timeout=120))
 
 
 def test_asan_ubsan_stress(asan: tuple[Path, Path], ring_dir: Path) -> None:

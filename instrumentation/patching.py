@@ -21,6 +21,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
@@ -555,11 +556,47 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
     return work.get_future().then(_first_tensor)
 
 
+class SideTable:
+    """Mycroft's state for a user's object, kept beside it, never on it.
+
+    An attribute on a DDP module went wherever the module went: `torch.save(ddp)` pickled it (a
+    wait probe holding autograd's engine: PicklingError) and `copy.deepcopy(ddp)` copied it (the
+    recorder's ring: TypeError), where DDP's own `__getstate__` drops only its process group,
+    reducer and logger. Keyed by the object's identity (a user's subclass may define `__eq__`
+    without `__hash__`), an entry goes when its object does; a copy or a loaded module is not in
+    the table, and is then the plain torch object it was made from.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
+
+    def put(self, obj: Any, value: Any) -> None:
+        key = id(obj)
+        entries = self._entries
+
+        def gone(ref: weakref.ref[Any], key: int = key) -> None:
+            entry = entries.get(key)
+            if entry is not None and entry[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(obj, gone), value)
+
+    def get(self, obj: Any) -> Any:
+        entry = self._entries.get(id(obj))
+        return entry[1] if entry is not None and entry[0]() is obj else None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# each DDP module's comm-hook state (MYCROFT_DDP_HOOK=1), for its register_comm_hook wrappers
+DDP_HOOKS = SideTable()
+
+
 def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bool | None = True) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self._mycroft_hook_state = None
         try:
             import torch.distributed as dist
 
@@ -574,15 +611,14 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
                              "frontier covers it (MYCROFT_DDP_HOOK=1 routes it through the tracer, with a "
                              "span per bucket)", info.backend)
                     builtin = True
-            if builtin:  # the reducer's end-of-backward wait is timed instead (stragglers)
-                self._mycroft_wait_probe = ddp_wait.attach(recorder, self)
+            if builtin:  # the reducer's end-of-backward wait is timed instead (stragglers); the probe
+                ddp_wait.attach(recorder, self)  # lives in the parameter's hook (a copy drops it)
                 return
 
             state = _DdpHookState(self.process_group, recorder)
-            dist._register_comm_hook(self.reducer, state, _mycroft_ddp_hook)
-            self._mycroft_hook_state = state
+            dist._register_comm_hook(self.reducer, state, _mycroft_ddp_hook)  # the reducer holds it
+            DDP_HOOKS.put(self, state)
         except Exception as exc:
-            self._mycroft_hook_state = None
             log.warning("mycroft: could not route DDP's all-reduce through the tracer (%r); "
                         "DDP gradients will not be traced", exc)
 
@@ -592,7 +628,7 @@ def _ddp_init_wrapper(recorder: Recorder, original: Callable[..., Any], mode: bo
 def _ddp_register_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, state: object, hook: Callable[..., Any]) -> None:
-        ours: _DdpHookState | None = getattr(self, "_mycroft_hook_state", None)
+        ours: _DdpHookState | None = DDP_HOOKS.get(self)
         if ours is None:
             return original(self, state, hook)
         self._check_comm_hook(hook)
@@ -609,7 +645,7 @@ def _ddp_register_hook_wrapper(original: Callable[..., Any]) -> Callable[..., An
 def _ddp_builtin_hook_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(self: Any, comm_hook_type: Any) -> None:
-        ours: _DdpHookState | None = getattr(self, "_mycroft_hook_state", None)
+        ours: _DdpHookState | None = DDP_HOOKS.get(self)
         if ours is None:
             return original(self, comm_hook_type)
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

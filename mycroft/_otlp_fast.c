@@ -238,12 +238,21 @@ static Template *template_new(Py_ssize_t count, Py_ssize_t total) {
     return t;
 }
 
-static int varint(Cursor *c, uint64_t *out) {
+/* Varints follow protobuf's rule as upb (the Python path's parser) applies it, so both decoders
+ * read the same bytes the same way: a value is at most 10 bytes, taken mod 2^64 (bits past 63 in
+ * the 10th byte are dropped); a tag or a length is at most 5 bytes (a tag <= 2^32 - 1, a length
+ * < 2^31 - 1), however small its value. Anything longer is malformed: UNSURE, so the Python
+ * path refuses it. tests/test_otlp_differential.py feeds both the same over-long encodings. */
+#define VARINT_MAX_BYTES 10
+#define TAG_MAX_BYTES 5
+#define LENGTH_MAX_BYTES 5
+
+static int varint_n(Cursor *c, uint64_t *out, int max_bytes) {
     uint64_t value = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int i = 0; i < max_bytes; i++) {
         if (c->p >= c->end) return UNSURE;
         uint8_t byte = *c->p++;
-        value |= (uint64_t)(byte & 0x7F) << shift;
+        value |= (uint64_t)(byte & 0x7F) << (7 * i); /* i == 9: only bit 0 lands (bit 63): mod 2^64 */
         if (byte < 0x80) {
             *out = value;
             return OK;
@@ -252,10 +261,12 @@ static int varint(Cursor *c, uint64_t *out) {
     return UNSURE;
 }
 
+static int varint(Cursor *c, uint64_t *out) { return varint_n(c, out, VARINT_MAX_BYTES); }
+
 /* The next field's number and wire type; its payload is then read by the caller. */
 static int tag(Cursor *c, uint32_t *field, uint32_t *wire) {
     uint64_t t;
-    if (varint(c, &t) != OK || t > 0xFFFFFFFFu || (t >> 3) == 0) return UNSURE;
+    if (varint_n(c, &t, TAG_MAX_BYTES) != OK || t > 0xFFFFFFFFu || (t >> 3) == 0) return UNSURE;
     *field = (uint32_t)(t >> 3);
     *wire = (uint32_t)(t & 7);
     return OK;
@@ -263,7 +274,7 @@ static int tag(Cursor *c, uint32_t *field, uint32_t *wire) {
 
 static int delimited(Cursor *c, Cursor *inner) {
     uint64_t n;
-    if (varint(c, &n) != OK || n > (uint64_t)(c->end - c->p)) return UNSURE;
+    if (varint_n(c, &n, LENGTH_MAX_BYTES) != OK || n >= 0x7FFFFFFFu || n > (uint64_t)(c->end - c->p)) return UNSURE;
     inner->p = c->p;
     inner->end = c->p + n;
     c->p += n;

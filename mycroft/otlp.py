@@ -225,15 +225,21 @@ _KEYS: dict[bytes, str] = {}  # attribute keys by their UTF-8 bytes (few distinc
 _DOUBLE = struct.Struct("<d")
 
 
+_U64 = (1 << 64) - 1
+
+
 def _varint_at(raw: bytes, pos: int, end: int) -> tuple[int, int]:
-    """(value, next position) of the varint at pos; (-1, -1) when it runs past `end`."""
+    """(value, next position) of the varint at pos; (-1, -1) when it runs past `end` or 10 bytes.
+
+    Protobuf's rule, as upb (the full decoder here) and mycroft/_otlp_fast.c apply it: at most
+    10 bytes, the value taken mod 2^64 (bits past 63 in the 10th byte are dropped)."""
     value = shift = 0
     while pos < end:
         byte = raw[pos]
         value |= (byte & 0x7F) << shift
         pos += 1
         if byte < 0x80:
-            return value, pos
+            return value & _U64, pos
         shift += 7
         if shift > 63:
             break

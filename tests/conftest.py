@@ -122,6 +122,37 @@ def _must_be_slow(what: str) -> None:
         pytest.fail(f"{item.nodeid} {what} but is not marked slow (@pytest.mark.slow)", pytrace=False)
 
 
+# Audit events that start a process: whatever starts one (subprocess, os.fork, os.posix_spawn,
+# os.exec*) in a test not marked slow fails it, so `-m "not slow"` is in-process by construction.
+_PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+                             "os.exec"})
+
+
+def _process_audit(event: str, args: tuple[object, ...]) -> None:
+    if event in _PROCESS_EVENTS and _current is not None and _current.get_closest_marker("slow") is None:
+        _must_be_slow(f"starts a process ({event}: {str(args[:2])[:120]})")
+
+
+sys.addaudithook(_process_audit)
+
+
+def _spawn_is_audited() -> None:
+    """multiprocessing's spawn and forkserver start children through _posixsubprocess, which raises no
+    audit event: route it through one so those starts are caught too."""
+    import multiprocessing.util as mp_util
+
+    spawnv_passfds = mp_util.spawnv_passfds
+
+    def audited(path: bytes, args: object, passfds: object) -> int:
+        sys.audit("os.posix_spawn", path, args)
+        return spawnv_passfds(path, args, passfds)
+
+    mp_util.spawnv_passfds = audited  # type: ignore[assignment]
+
+
+_spawn_is_audited()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     global _current

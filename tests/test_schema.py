@@ -88,6 +88,7 @@ def test_every_contract_name_is_documented_in_the_table() -> None:
     assert not undocumented, f"give these a meaning in docs/gen_schema.py or schema.py: {undocumented}"
 
 
+@pytest.mark.slow
 def test_schema_page_is_current() -> None:
     import importlib.util
 

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from mycroft import schema
@@ -38,6 +39,7 @@ def _heartbeats(job: str, n: int = 2) -> list[SpanRecord]:
             for i in range(n)]
 
 
+@pytest.mark.slow
 def test_processor_service_auth_and_tls(tmp_path: Path) -> None:
     certs = make_certs(tmp_path / "pki")
     auth_file = tmp_path / "auth.yaml"

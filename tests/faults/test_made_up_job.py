@@ -104,6 +104,7 @@ def test_the_real_rank_sent_what_the_comparison_needs(real_rank: RealRank) -> No
     assert schema.ATTR_HB_DIGEST_GROUP_IDS in real_rank.live.attributes  # the block of 16 closed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", [schema.OP_ALL_REDUCE, schema.OP_BROADCAST])
 def test_collective_spans_carry_the_real_attributes_and_resource(real_rank: RealRank, op: str) -> None:
     real = real_rank.ops[op]
@@ -124,6 +125,7 @@ def test_p2p_spans_carry_the_collective_fields_and_the_pair(real_rank: RealRank)
     _same(_keys(made.attributes), _keys(real.attributes) | pair, "p2p span attributes")
 
 
+@pytest.mark.slow
 def test_heartbeats_carry_every_attribute_of_a_real_ranks(real_rank: RealRank) -> None:
     group = Group("0", (0,))
     # a live beat with a closed digest block, as StepJob's ranks send after 16 steps
@@ -144,6 +146,7 @@ def test_heartbeats_carry_every_attribute_of_a_real_ranks(real_rank: RealRank) -
     assert final.name == final_real.name and final.status_code == final_real.status.status_code.value
 
 
+@pytest.mark.slow
 def test_the_processors_made_up_spans_carry_the_real_attributes_too(real_rank: RealRank) -> None:
     """made_up_spans (the collector's tests and benchmarks): the same encoders, the same pin."""
     from mycroft.faults import made_up_spans as syn

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,6 +28,7 @@ def test_rca_service_never_imports_the_fault_harness() -> None:
     assert not {k: v for k, v in offenders.items() if v}
 
 
+@pytest.mark.slow
 def test_mycroft_inject_dispatches_to_the_harness() -> None:
     out = subprocess.run([sys.executable, "-m", "mycroft.cli", "inject", "--fault", "nope"],
                          capture_output=True, text=True, timeout=60)

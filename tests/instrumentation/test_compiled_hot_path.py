@@ -34,6 +34,7 @@ def test_compiled_hot_path_is_built() -> None:
     assert patching._hotpath is not None
 
 
+@pytest.mark.slow
 def test_compiled_and_python_paths_record_the_same() -> None:
     compiled, python = _recorded(hot=True), _recorded(hot=False)
     assert compiled["taken"] >= 12  # the plain sync collectives went through C ...
@@ -52,6 +53,7 @@ def test_compiled_and_python_paths_record_the_same() -> None:
     assert [r["root"] for r in records if r["op"] == "broadcast"] == [0, 0]
 
 
+@pytest.mark.slow
 def test_sync_ops_go_through_the_ring_and_overflow_into_records() -> None:
     """The compiled path writes each plain sync collective into the recorder's ring (no OpRecord on the
     training thread), the failed one included (it leaves the ring as a record); past the ring's slots the
@@ -66,6 +68,7 @@ def test_sync_ops_go_through_the_ring_and_overflow_into_records() -> None:
                                             "full_after_many": 0}  # the Python path: its queue of 4,096
 
 
+@pytest.mark.slow
 def test_compiled_hot_path_follows_a_new_recorder_in_every_thread() -> None:
     """A second recorder in the same process: the depth the compiled path keeps per thread follows it, in
     the main thread and in another; an all_reduce inside another wrapped call is not recorded again."""
@@ -93,6 +96,7 @@ def test_recorder_counters_alike_with_and_without_the_extension() -> None:
             made.comm_s = 1.0
 
 
+@pytest.mark.slow
 def test_compiled_hot_path_keeps_no_reference() -> None:
     before, after = _recorded(hot=True)["refcounts"]
     assert before == after  # the tensor and the group after 2,000 calls
@@ -129,6 +133,7 @@ def test_compiled_work_wait_counts_the_thread_inside_and_keeps_the_outcome() -> 
     assert len(waiters) == 0
 
 
+@pytest.mark.slow
 def test_torch_work_wait_is_the_compiled_one_while_instrumented() -> None:
     """With the hot path on, torch's Work.wait is the compiled one (a real Work binds it as a method; no
     waiter left after the job's waits) and uninstall puts torch's back (the job asserts it)."""
@@ -139,6 +144,7 @@ def test_torch_work_wait_is_the_compiled_one_while_instrumented() -> None:
 DOOR_JOB = Path(__file__).parent / "jobs" / "door_calls.py"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["deferred", "dynamo_first", "registration_fails", "no_substitute"])
 def test_door_records_eager_calls_and_lets_dynamo_compile_them(mode: str) -> None:
     """torch.distributed holds a builtin door; Dynamo gets a stand-in for it whether it is imported after
@@ -170,6 +176,7 @@ def test_door_records_eager_calls_and_lets_dynamo_compile_them(mode: str) -> Non
         assert result.stderr.count("Dynamo cannot trace all_reduce through its door") == 1  # said once
 
 
+@pytest.mark.slow
 def test_the_ring_read_again_from_inside_its_own_reads() -> None:
     """A garbage collection started while an OpRecord is allocated for a slot runs gc.callbacks (on 3.11 at
     once, in C): here they drain the ring and copy its ops, as another thread taking the GIL at that instant

@@ -139,6 +139,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_pickled_dump_reads_as_the_json_one_on_real_gloo(tmp_path: Path) -> None:
     """The generic dump is read pickled without stack traces (a fraction of the JSON one's GIL time):
     the same frontier, group names and entries as the JSON dump of the same Flight Recorder."""
@@ -182,6 +183,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_backends_torch_left_unnamed_are_named_by_their_groups_counters(tmp_path: Path) -> None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each gloo backend: the wrapped one records the group's
     collectives without a name, a helper its checks (numbered apart). Their frontiers read beside

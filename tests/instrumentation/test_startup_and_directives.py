@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mycroft.instrumentation import directives
 from mycroft.instrumentation.startup import init_environment, launch_facts, launch_job_id
 
@@ -114,6 +115,7 @@ def test_stopped_siblings_are_found_by_parent(tmp_path: Path) -> None:
     assert directives.stopped_siblings(7, str(proc)) == [10]
 
 
+@pytest.mark.slow
 def test_a_frozen_poller_is_replaced_a_running_one_is_not(tmp_path: Path) -> None:
     import os
     import signal
@@ -171,12 +173,14 @@ def _siblings(tmp_path: Path, *specs: tuple[float, str, int]) -> list[tuple[int,
     return results
 
 
+@pytest.mark.slow
 def test_a_leaving_rank_waits_for_its_hosts_live_ranks_to_read_the_abort(tmp_path: Path) -> None:
     # the first reader waits for the slow one (1.5 s later), not the whole 8 s
     (first, waited), (second, _) = _siblings(tmp_path, (0.0, "ack", 2), (1.5, "ack", 2))
     assert first == 2 and second == 2 and 0.8 < waited < 6.0, (first, waited)
 
 
+@pytest.mark.slow
 def test_a_sibling_that_ends_without_reading_is_not_waited_for(tmp_path: Path) -> None:
     (first, waited), _ = _siblings(tmp_path, (0.0, "ack", 2), (1.0, "quit", 0))
     assert first == 1 and waited < 6.0, (first, waited)

@@ -44,6 +44,7 @@ def test_only_the_abi_and_the_tool_hooks_are_exported(built: Path) -> None:
                     "mycroft_native_ring_path", "mycroft_native_clock"}
 
 
+@pytest.mark.slow
 def test_layout_errors_fail_the_build(tmp_path: Path) -> None:
     """The static assertions are live: a wrong offset in the header is a compile error."""
     header = Path(__file__).resolve().parents[2] / "native" / "src" / "nccl_profiler_abi.h"
@@ -56,6 +57,7 @@ def test_layout_errors_fail_the_build(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("member", ["mcCollDescr_v7_t, userTag, 96", "mcNcclProfilerEventDescr_v7_t, kernelPhase, 32",
                                     "mcCeCollDescr_v7_t, userTag, 80"])
+@pytest.mark.slow
 def test_v7_layout_is_pinned(tmp_path: Path, member: str) -> None:
     """A wrong v7 offset (the right ones: coll.userTag 104, kernelPhase 24, ceColl.userTag 88) fails."""
     header = Path(__file__).resolve().parents[2] / "native" / "src" / "nccl_profiler_abi.h"

@@ -72,6 +72,7 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_observe_records_what_would_be_done_and_does_nothing(tmp_path: Path) -> None:
     script, ran = _appender(tmp_path)
     policy = _policy(tmp_path, f"""
@@ -108,6 +109,7 @@ rules:
         hook.close()
 
 
+@pytest.mark.slow
 def test_act_runs_exec_exactly_once_and_publishes_the_abort(tmp_path: Path) -> None:
     script, ran = _appender(tmp_path)
     policy = _policy(tmp_path, f"""
@@ -278,6 +280,7 @@ def test_abort_of_a_job_whose_ranks_never_poll_is_undeliverable(tmp_path: Path) 
         service.stop()
 
 
+@pytest.mark.slow
 def test_drain_lost_ranks_host_with_requeue_rate_limited_per_host_and_fleet_memory(tmp_path: Path) -> None:
     calls = tmp_path / "scontrol.calls"
     stub = tmp_path / "scontrol"

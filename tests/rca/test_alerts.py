@@ -138,6 +138,7 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_real_alertmanager_receives_firing_then_resolved(tmp_path: Path, alertmanager: str) -> None:
     store = Store(tmp_path / "c.db")
     alerter = Alerter(store, [], alertmanager)

@@ -262,6 +262,7 @@ def _settle(pid: int) -> float:
     return rss_mb(pid)
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_under_bombs(served: tuple[subprocess.Popen[str], dict[str, int]]) -> None:
     proc, ports = served
     api = f"http://127.0.0.1:{ports['http']}"

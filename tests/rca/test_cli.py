@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .helpers import get_json, http
 
 
+@pytest.mark.slow
 def test_serve_runs_and_stops_cleanly(tmp_path: Path) -> None:
     db = tmp_path / "rca.db"
     proc = subprocess.Popen([sys.executable, "-m", "mycroft.cli", "rca", "serve", "--otlp-grpc", "127.0.0.1:0",
@@ -32,6 +35,7 @@ def test_serve_runs_and_stops_cleanly(tmp_path: Path) -> None:
     assert db.exists()
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_refused_clearly(tmp_path: Path) -> None:
     db = tmp_path / "never.db"
     out = subprocess.run([sys.executable, "-m", "mycroft.cli", "rca", "serve", "--http", "nonsense", "--db", str(db)],

@@ -45,6 +45,7 @@ def test_dashboard_queries_what_the_service_exports(tmp_path: Path) -> None:
     assert f"./grafana:{provider['options']['path']}:ro" in compose["services"]["grafana"]["volumes"]
 
 
+@pytest.mark.slow
 @pytest.mark.requires("amtool")
 def test_alertmanager_template_shows_the_root_cause_line(tmp_path: Path) -> None:
     assert AMTOOL is not None

@@ -45,6 +45,7 @@ def _post(port: int, records: list[SpanRecord]) -> int:
     return http(f"http://127.0.0.1:{port}/v1/traces", body, {"Content-Type": "application/x-protobuf"})[0]
 
 
+@pytest.mark.slow
 def test_incidents_and_owed_webhooks_survive_kill_9(tmp_path: Path, hook: WebhookReceiver) -> None:
     db = tmp_path / "rca.db"
     proc, ports = _serve(db, "--webhook", hook.url, "--webhook-secret", "s3cret", "--alert-min-severity", "info")

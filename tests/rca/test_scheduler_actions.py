@@ -78,6 +78,7 @@ def test_invalid_input_is_a_result_not_an_exception(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_drain_passes_reason_as_one_argument(fake_scontrol: tuple[Path, Path]) -> None:
     script, record = fake_scontrol
     result = sa.slurm_drain("node-1", 'GPU 3 "xid 79"\nrank 7', scontrol=str(script),
@@ -95,6 +96,7 @@ def test_drain_passes_reason_as_one_argument(fake_scontrol: tuple[Path, Path]) -
         assert json.loads(record.read_text())["argv"] == expected
 
 
+@pytest.mark.slow
 def test_missing_binary_and_failure_are_results(tmp_path: Path) -> None:
     result = sa.slurm_drain("n1", "r", scontrol=str(tmp_path / "no-such-scontrol"))
     assert not result.ok and "cannot start" in result.detail
@@ -106,6 +108,7 @@ def test_missing_binary_and_failure_are_results(tmp_path: Path) -> None:
     assert "rc=1" in result.detail and "Invalid node name specified" in result.detail
 
 
+@pytest.mark.slow
 def test_exec_gets_stdin() -> None:
     payload = json.dumps({"incident": "inc-1", "root_cause": {"rank": 3}}).encode()
     code = "import sys, json; d = json.load(sys.stdin); print('got', d['incident'], d['root_cause']['rank'])"
@@ -114,6 +117,7 @@ def test_exec_gets_stdin() -> None:
     assert "got inc-1 3" in result.detail
 
 
+@pytest.mark.slow
 def test_exec_big_stdin_unread_and_big_output_bounded() -> None:
     start = time.monotonic()
     result = sa.run_exec([PY, "-c", "import sys; sys.stdout.write('y' * 10_000_000)"], b"x" * 5_000_000, 20)
@@ -122,6 +126,7 @@ def test_exec_big_stdin_unread_and_big_output_bounded() -> None:
     assert time.monotonic() - start < 15
 
 
+@pytest.mark.slow
 def test_exec_timeout_kills_process_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     code = ("import subprocess, sys, time\n"
@@ -142,6 +147,7 @@ def test_exec_timeout_kills_process_group(tmp_path: Path) -> None:
     assert not _alive(child), "the command's child outlived the timeout"
 
 
+@pytest.mark.slow
 def test_exec_descendant_holding_stdout_does_not_block(tmp_path: Path) -> None:
     pid_file = tmp_path / "bg.pid"
     start = time.monotonic()
@@ -156,6 +162,7 @@ def test_exec_descendant_holding_stdout_does_not_block(tmp_path: Path) -> None:
     assert not _alive(bg)
 
 
+@pytest.mark.slow
 def test_exec_errors_are_results(tmp_path: Path) -> None:
     assert not sa.run_exec([], b"", 1).ok
     assert not sa.run_exec("echo hi", b"", 1).ok   # a string, not a list of arguments

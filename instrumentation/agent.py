@@ -27,7 +27,6 @@ import logging
 import os
 import random
 import re
-import socket
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mycroft.instrumentation.config import ENV_JOB_ID
-from mycroft.instrumentation.startup import endpoint_job_id, named_resource
+from mycroft.instrumentation.startup import endpoint_job_id, host_attributes, named_resource
 from mycroft.instrumentation.thread_names import name_this_thread
 from opentelemetry.sdk.resources import Resource
 
@@ -211,7 +210,7 @@ class AgentReporter:
 def agent_resource(base: Resource | None, job_id: str, nproc: int, node_rank: int, slurm_job_id: str) -> Resource:
     attributes: dict[str, AttrValue] = {
         schema.RES_JOB_ID: job_id,
-        schema.RES_HOST_NAME: socket.gethostname(),
+        **host_attributes(os.environ),
         schema.RES_PROCESS_PID: os.getpid(),
         schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
         schema.RES_LAUNCHER: "torchrun",

@@ -12,6 +12,12 @@ its job and run, leaves: one line on stderr naming the root cause, a final heart
 process groups aborted (bounded in time), and `os._exit` with the directive's exit code, so
 torchrun's elastic restart or the scheduler's requeue takes over.
 
+A job's files on a host (lock, successor locks, relay file, acks, one member file per rank) go with
+the job: each rank removes its member file when it leaves (its runtime's shutdown, or the abort
+after its host has gathered), and the last one to leave removes the rest; files of jobs whose
+ranks all died (SIGKILL, a node reboot keeps no /dev/shm) are swept by the next job that starts
+on the host.
+
 No control endpoint configured -> nothing polls (ranks that reach the service only through
 a collector cannot receive aborts; the service records such an abort as undeliverable).
 """
@@ -24,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -35,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mycroft.instrumentation.startup import host_identity
 from mycroft.instrumentation.thread_names import name_this_thread
 
 log = logging.getLogger("mycroft.instrumentation")
@@ -73,11 +79,93 @@ def control_from_env(env: Mapping[str, str]) -> Control | None:
     return Control(endpoint, token)
 
 
+FILE_PREFIX = "mycroft-"
+
+
+def relay_dir(directory: str | None = None) -> str:
+    """Where a host's relay files live: /dev/shm, else the temp dir (the fallback)."""
+    return directory or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+
+
 def relay_paths(job_id: str, directory: str | None = None) -> tuple[str, str]:
     """(lock file, directive file) of one job on this host."""
-    base = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    base = relay_dir(directory)
     tag = hashlib.blake2b(job_id.encode(), digest_size=8).hexdigest()
-    return os.path.join(base, f"mycroft-{tag}.lock"), os.path.join(base, f"mycroft-{tag}.directive")
+    return os.path.join(base, f"{FILE_PREFIX}{tag}.lock"), os.path.join(base, f"{FILE_PREFIX}{tag}.directive")
+
+
+def _job_files(directory: str) -> dict[str, list[str]]:
+    """Every job's relay files in `directory`, by job tag (mycroft-<16 hex>.<anything>)."""
+    found: dict[str, list[str]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            if not entry.startswith(FILE_PREFIX):
+                continue
+            tag, dot, _ = entry[len(FILE_PREFIX):].partition(".")
+            if dot and len(tag) == 16 and all(c in "0123456789abcdef" for c in tag):
+                found.setdefault(tag, []).append(entry)
+    return found
+
+
+def _members(directory: str, entries: list[str], tag: str) -> tuple[list[int], list[str]]:
+    """(pids of the job's live ranks on this host, member files of ranks gone) -- a stopped rank
+    (SIGSTOP) is gone: it leaves with nobody (the abort kills it, the scheduler ends it)."""
+    live: list[int] = []
+    gone: list[str] = []
+    marker = f"{FILE_PREFIX}{tag}.member."
+    for entry in entries:
+        if entry.startswith(marker):
+            pid = entry[len(marker):]
+            if pid.isdigit() and _running(int(pid)):
+                live.append(int(pid))
+            else:
+                gone.append(entry)
+    return live, gone
+
+
+def _held(path: str) -> bool:
+    """Does a live process hold this lock file's flock (a poller of a job without member files)?"""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def sweep_stale(directory: str | None = None, keep: str = "", min_age_s: float = 60.0) -> int:
+    """Remove the relay files of jobs none of whose ranks on this host is alive; how many files.
+
+    A job is stale when no member file names a running process, no process holds its poller
+    lock, and none of its files changed within `min_age_s` (a job starting right now writes its
+    member file first, but an older instrumentation writes none). `keep`: a tag never swept."""
+    base = relay_dir(directory)
+    removed = 0
+    now = time.time()
+    for tag, entries in _job_files(base).items():
+        if tag == keep:
+            continue
+        live, _ = _members(base, entries, tag)
+        if live:
+            continue
+        paths = [os.path.join(base, e) for e in entries]
+        try:
+            if any(now - os.stat(p).st_mtime < min_age_s for p in paths):
+                continue
+        except OSError:
+            continue  # a file went meanwhile: its job is leaving or sweeping itself
+        if any(_held(p) for p in paths if p.endswith(".lock") or ".lock." in p):
+            continue
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+    return removed
 
 
 def applies(directive: Mapping[str, Any], job_id: str, run_id: str, since_unix: float) -> bool:
@@ -112,6 +200,15 @@ class DirectiveWatcher:
         self.run_id = run_id
         self.started_unix = time.time()
         self.lock_path, self.relay_path = relay_paths(job_id, directory)
+        self.directory = os.path.dirname(self.lock_path)
+        self.tag = os.path.basename(self.lock_path)[len(FILE_PREFIX):].split(".", 1)[0]
+        self.host = host_identity(os.environ)
+        self.member_path = f"{self.directory}/{FILE_PREFIX}{self.tag}.member.{os.getpid()}"
+        with contextlib.suppress(OSError):
+            open(self.member_path, "w").close()  # first: a job with a live member is never swept
+        with contextlib.suppress(Exception):
+            sweep_stale(self.directory, keep=self.tag)
+        self._left = False
         self._opener = opener
         self._lock_fd: int | None = None
         self._next_lock_try = 0.0
@@ -193,7 +290,7 @@ class DirectiveWatcher:
 
     def poll_once(self, wait_s: float = POLL_WAIT_S) -> dict[str, Any] | None:
         query = urllib.parse.urlencode({"job": self.job_id, "run": self.run_id, "after": self._after,
-                                        "wait": int(wait_s), "host": socket.gethostname()})
+                                        "wait": int(wait_s), "host": self.host})
         request = urllib.request.Request(f"{self.control.endpoint}/api/v1/directives?{query}")
         if self.control.token:
             request.add_header("Authorization", f"Bearer {self.control.token}")
@@ -211,6 +308,8 @@ class DirectiveWatcher:
 
     def _relay(self, directive: dict[str, Any]) -> None:
         """Atomically replace the host's relay file: every rank of the host reads it."""
+        if self._left:
+            return  # the job's files are gone with its ranks: nothing to relay to
         tmp = f"{self.relay_path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(directive, handle)
@@ -241,6 +340,7 @@ class DirectiveWatcher:
             # the host's live ranks: its launcher's running workers, at most as many as it started
             expected = min(local_ranks, len(siblings(os.getppid())[0]) + 1)
             if acked >= expected or time.monotonic() >= deadline:
+                self.stop()  # this rank leaves now: the host's files go with its last rank
                 return acked
             time.sleep(0.02)
 
@@ -250,6 +350,25 @@ class DirectiveWatcher:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+        self.leave()
+
+    def leave(self) -> bool:
+        """This rank leaves the host's relay: its member file goes, and when no live rank of the job
+        remains on the host (each removes its own file before it looks, so the last one to leave
+        sees none), every file of the job goes too. True when this rank cleaned up."""
+        if self._left:
+            return False
+        self._left = True
+        with contextlib.suppress(OSError):
+            os.unlink(self.member_path)
+        entries = _job_files(self.directory).get(self.tag, [])
+        live, _ = _members(self.directory, entries, self.tag)
+        if live:
+            return False
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.directory, entry))
+        return True
 
 
 def _ack_prefix(relay_path: str, directive: Mapping[str, Any]) -> str:

@@ -16,13 +16,13 @@ import os
 import random
 import select
 import signal
-import socket
 import sys
 import threading
 import time
 import uuid
 from typing import Any
 
+from mycroft.instrumentation import nccl_plugin
 from mycroft.instrumentation.comm_map import GroupShape, PyOp, match_comms
 from mycroft.instrumentation.compile_phase import WATCH as COMPILE_WATCH
 from mycroft.instrumentation.config import MycroftConfig
@@ -42,7 +42,7 @@ from mycroft.instrumentation.recorder import OpRecord, Recorder
 from mycroft.instrumentation.sampling import TraceBudget
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span, op_trace_id, readable
 from mycroft.instrumentation.stacks import main_thread_stack
-from mycroft.instrumentation.startup import launch_facts, launch_resource, named_resource
+from mycroft.instrumentation.startup import host_attributes, launch_facts, launch_resource, named_resource
 from mycroft.instrumentation.thread_names import name_this_thread
 from opentelemetry.sdk.resources import Resource
 
@@ -231,8 +231,9 @@ class Runtime:
             schema.RES_RUN_ID: self.run_id,
             schema.RES_RANK: self.rank,
             schema.RES_WORLD_SIZE: self.world_size,
-            schema.RES_LOCAL_RANK: int(os.environ.get("LOCAL_RANK", self.rank)),
-            schema.RES_HOST_NAME: socket.gethostname(),
+            schema.RES_LOCAL_RANK: int(os.environ.get("LOCAL_RANK", self.launch.local_rank if self.launch
+                                                      else self.rank)),
+            **host_attributes(os.environ),  # the SLURM / Kubernetes node name where there is one
             schema.RES_PROCESS_PID: os.getpid(),
             schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
         })
@@ -417,7 +418,7 @@ class Runtime:
         """Whether NCCL can have loaded the profiler plugin here: a device-async group exists (NCCL,
         or a backend that says it completes on the device), or the plugin is named. A gloo-only rank
         then never looks for a ring (a path lookup and a failed open, ~0.2 ms cold, 4 times a second)."""
-        if os.environ.get("NCCL_PROFILER_PLUGIN", "none") != "none":
+        if nccl_plugin.named_by_user():
             return True
         return any(info.device_async for info in self.recorder.groups.all())
 

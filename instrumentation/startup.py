@@ -8,11 +8,17 @@ environment tells who a process is before torch.distributed does:
 - torchrun / `python -m torch.distributed.run`: RANK, WORLD_SIZE, LOCAL_RANK (+ GROUP_RANK,
   LOCAL_WORLD_SIZE); job id TORCHELASTIC_RUN_ID when set (`--rdzv-id`, `--standalone`), else the
   rendezvous endpoint MASTER_ADDR:MASTER_PORT (hashed), the same on every node;
-- `srun` without torchrun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ SLURM_NODEID); job id
-  SLURM_JOB_ID.SLURM_STEP_ID;
+- `srun` / `sbatch` without torchrun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ SLURM_NODEID, the
+  step's tasks on this node); job id SLURM_JOB_ID.SLURM_STEP_ID -- also when the script sets RANK /
+  WORLD_SIZE / LOCAL_RANK from them itself (as srun users do), before or after this module loads;
 - `mp.spawn` with env://: RANK / WORLD_SIZE when the parent sets them (else reporting starts at init).
 
-MYCROFT_JOB_ID overrides the job id everywhere. From these, `StartupReporter` sends heartbeats
+MYCROFT_JOB_ID overrides the job id everywhere. The host a rank reports (`host.name`, and every place
+the RCA names a host: incidents, /api/v1/hosts, the suspect list, drain and cordon targets) is
+`host_identity`: SLURM's node name (SLURMD_NODENAME), else the Kubernetes node name (K8S_NODE_NAME,
+set from the downward API), else the OS host name, which is kept in `mycroft.host.os_name`.
+
+From these, `StartupReporter` sends heartbeats
 with `mycroft.hb.phase` = importing, then rendezvous while init_process_group runs (and the
 main thread's stack once the phase lasts), until the runtime takes over at init (phase
 training, same heartbeat counter).
@@ -53,6 +59,61 @@ class LaunchFacts:
     job_id: str
     launcher: str  # "torchrun" | "slurm" | "env"
     slurm_job_id: str = ""
+    slurm_step_id: str = ""
+
+
+ENV_KUBE_NODE_NAME = "K8S_NODE_NAME"  # the pod's node, from the downward API (docs/actions.md)
+
+
+def host_identity(env: Mapping[str, str], os_host: str | None = None) -> str:
+    """The name this rank's host goes by wherever a host is named (pure but for the OS host name):
+    SLURM's node name (SLURMD_NODENAME: what scontrol drains and `srun --exclude` takes, which need
+    not be the OS host name), else the Kubernetes node name (K8S_NODE_NAME, from the downward API:
+    what a cordon patches; in a pod the host name is the pod's), else the OS host name."""
+    for name in ("SLURMD_NODENAME", ENV_KUBE_NODE_NAME):
+        value = env.get(name, "").strip()
+        if value:
+            return value[:255]
+    return os_host if os_host is not None else socket.gethostname()
+
+
+def host_attributes(env: Mapping[str, str]) -> dict[str, AttrValue]:
+    """host.name (the host identity), the OS host name beside it, and the Kubernetes node where known."""
+    os_host = socket.gethostname()
+    attributes: dict[str, AttrValue] = {schema.RES_HOST_NAME: host_identity(env, os_host),
+                                        schema.RES_OS_HOST_NAME: os_host}
+    kube = env.get(ENV_KUBE_NODE_NAME, "").strip()
+    if kube:
+        attributes[schema.RES_KUBE_NODE_NAME] = kube[:255]
+    return attributes
+
+
+def _under_slurm(env: Mapping[str, str]) -> bool:
+    """A SLURM task (srun, or sbatch's batch step) not started by torchrun."""
+    return "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "TORCHELASTIC_RUN_ID" not in env
+
+
+def slurm_tasks_on_node(env: Mapping[str, str]) -> int:
+    """How many tasks of this step run on this node (pure; 0: unknown): SLURM_STEP_TASKS_PER_NODE
+    (else SLURM_TASKS_PER_NODE), "4" or "2(x3),1" by node, at this task's SLURM_NODEID."""
+    node = _int(env, "SLURM_NODEID", 0)
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        counts: list[int] = []
+        for item in text.split(","):
+            count, _, times = item.strip().partition("(x")
+            try:
+                counts.extend([int(count)] * (int(times.rstrip(")")) if times else 1))
+            except ValueError:
+                return 0
+            if len(counts) > node:
+                return counts[node]
+        return 0
+    nodes = max(1, _int(env, "SLURM_NNODES", 1))
+    world = _int(env, "SLURM_NTASKS", 0)
+    return world // nodes if world > 0 and world % nodes == 0 else 0
 
 
 def _int(env: Mapping[str, str], name: str, default: int = -1) -> int:
@@ -73,7 +134,7 @@ def launch_job_id(env: Mapping[str, str]) -> str | None:
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":
         return run_id
-    if env.get("SLURM_JOB_ID") and "RANK" not in env:
+    if env.get("SLURM_JOB_ID") and _under_slurm(env):  # whoever set RANK: every task of the step agrees
         step = env.get("SLURM_STEP_ID", "")
         return f"slurm-{env['SLURM_JOB_ID']}" + (f".{step}" if step else "")
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
@@ -87,25 +148,31 @@ def endpoint_job_id(endpoint: str) -> str:
 
 
 def launch_facts(env: Mapping[str, str]) -> LaunchFacts | None:
-    """The launcher's facts, or None when it tells no rank and world size (pure)."""
+    """The launcher's facts, or None when it tells no rank and world size (pure).
+
+    Under srun without torchrun the facts are SLURM's whether or not the script copied them into
+    RANK / WORLD_SIZE / LOCAL_RANK (read at start-up, before it does, and again at the abort, after):
+    a script's own RANK that is not its SLURM_PROCID (mp.spawn inside a task) is its own ranks'."""
     slurm_job = env.get("SLURM_JOB_ID", "")
-    if "RANK" in env and "WORLD_SIZE" in env:
+    slurm = _under_slurm(env)
+    if "RANK" in env and "WORLD_SIZE" in env and not (
+            slurm and env["RANK"] == env["SLURM_PROCID"] and env["WORLD_SIZE"] == env["SLURM_NTASKS"]):
         rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
         local = _int(env, "LOCAL_RANK", rank)
         node, per_node = _int(env, "GROUP_RANK"), _int(env, "LOCAL_WORLD_SIZE", 0)
         launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+    elif slurm:
         rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
         local, node = _int(env, "SLURM_LOCALID", 0), _int(env, "SLURM_NODEID")
-        nodes = max(1, _int(env, "SLURM_NNODES", 1))
-        per_node = world // nodes if world % nodes == 0 else 0
+        per_node = slurm_tasks_on_node(env)
         launcher = "slurm"
     else:
         return None
     job = launch_job_id(env)
     if job is None or rank < 0 or world <= 0 or rank >= world:
         return None
-    return LaunchFacts(rank, world, max(local, 0), node, per_node, job, launcher, slurm_job)
+    step = env.get("SLURM_STEP_ID", "") if slurm_job else ""
+    return LaunchFacts(rank, world, max(local, 0), node, per_node, job, launcher, slurm_job, step)
 
 
 def init_environment(env: Mapping[str, str], init_kwargs: Mapping[str, Any]) -> dict[str, str]:
@@ -132,7 +199,7 @@ def launch_resource(facts: LaunchFacts) -> dict[str, AttrValue]:
         schema.RES_RANK: facts.rank,
         schema.RES_WORLD_SIZE: facts.world_size,
         schema.RES_LOCAL_RANK: facts.local_rank,
-        schema.RES_HOST_NAME: socket.gethostname(),
+        **host_attributes(os.environ),
         schema.RES_PROCESS_PID: os.getpid(),
         schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
         schema.RES_LAUNCHER: facts.launcher,
@@ -143,6 +210,8 @@ def launch_resource(facts: LaunchFacts) -> dict[str, AttrValue]:
         attributes[schema.RES_LOCAL_WORLD_SIZE] = facts.local_world_size
     if facts.slurm_job_id:
         attributes[schema.RES_SLURM_JOB_ID] = facts.slurm_job_id
+    if facts.slurm_step_id:
+        attributes[schema.RES_SLURM_STEP_ID] = facts.slurm_step_id
     return attributes
 
 

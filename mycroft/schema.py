@@ -23,7 +23,8 @@ INSTRUMENTATION_SCOPE: Final = "mycroft"
 # Resource keys (one set per process / rank)
 # --------------------------------------------------------------------------------------
 RES_SERVICE_NAME: Final = "service.name"
-RES_HOST_NAME: Final = "host.name"
+RES_HOST_NAME: Final = "host.name"  # the host identity: SLURM node name, else Kubernetes node, else OS host name
+RES_OS_HOST_NAME: Final = "mycroft.host.os_name"  # gethostname() of the rank, where host.name is another name
 RES_PROCESS_PID: Final = "process.pid"
 RES_JOB_ID: Final = "mycroft.job.id"
 RES_RANK: Final = "mycroft.rank"
@@ -32,6 +33,7 @@ RES_LOCAL_RANK: Final = "mycroft.local_rank"
 RES_SCHEMA_VERSION: Final = "mycroft.schema.version"
 RES_RUN_ID: Final = "mycroft.run.id"  # one launch of the job (same on every rank); a relaunch gets a new one
 RES_SLURM_JOB_ID: Final = "mycroft.slurm.job_id"  # SLURM_JOB_ID of the rank; the RCA drain_node action requeues it
+RES_SLURM_STEP_ID: Final = "mycroft.slurm.step_id"  # SLURM_STEP_ID of the rank (srun's step; "batch" in sbatch)
 RES_LAUNCHER: Final = "mycroft.launcher"  # what started the rank: torchrun | slurm | env (startup.py)
 RES_NODE_RANK: Final = "mycroft.node_rank"  # the node's index in the job (GROUP_RANK / SLURM_NODEID)
 RES_LOCAL_WORLD_SIZE: Final = "mycroft.local_world_size"  # ranks per node (LOCAL_WORLD_SIZE)

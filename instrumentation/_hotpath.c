@@ -28,6 +28,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <time.h>
 
 /* ------------------------------------------------------------------ configuration */
@@ -91,29 +94,36 @@ slot_offsets(PyObject *type, const char *const *slots, int count, Py_ssize_t *of
     return 0;
 }
 
+/* All or nothing: everything is read and checked into locals first, then committed with no call in between
+ * (a failing second call leaves the first one's types and offsets as they were). */
 static PyObject *
 configure(PyObject *module, PyObject *args)
 {
     PyObject *type, *groups, *depth, *info, *completed, *in_flight;
     static const char *const DEPTH_SLOTS[1] = {"value"};
+    Py_ssize_t new_record[N_RECORD_SLOTS], new_group[N_GROUP_SLOTS], new_depth;
     (void)module;
     if (!PyArg_ParseTuple(args, "O!O!O!OUU:configure", &PyType_Type, &type, &PyType_Type, &groups, &PyType_Type,
                           &depth, &info, &completed, &in_flight))
         return NULL;
-    if (slot_offsets(type, RECORD_SLOTS, N_RECORD_SLOTS, record_offsets) < 0 ||
-        slot_offsets(groups, GROUP_SLOTS, N_GROUP_SLOTS, group_offsets) < 0 ||
-        slot_offsets(depth, DEPTH_SLOTS, 1, &depth_value_offset) < 0)
+    if (slot_offsets(type, RECORD_SLOTS, N_RECORD_SLOTS, new_record) < 0 ||
+        slot_offsets(groups, GROUP_SLOTS, N_GROUP_SLOTS, new_group) < 0 ||
+        slot_offsets(depth, DEPTH_SLOTS, 1, &new_depth) < 0)
         return NULL;
-    Py_INCREF(depth);
-    Py_XSETREF(depth_type, (PyTypeObject *)depth);
-    Py_INCREF(groups);
-    Py_XSETREF(group_type, (PyTypeObject *)groups);
-    for (int i = 0; i < N_ATTRS; i++) {
+    for (int i = 0; i < N_ATTRS; i++) { /* names are the same whatever the types: made once, kept */
         if (names[i] == NULL && (names[i] = PyUnicode_InternFromString(ATTR_NAMES[i])) == NULL)
             return NULL;
     }
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
         return NULL;
+    /* commit: no error possible from here on */
+    memcpy(record_offsets, new_record, sizeof(record_offsets));
+    memcpy(group_offsets, new_group, sizeof(group_offsets));
+    depth_value_offset = new_depth;
+    Py_INCREF(depth);
+    Py_XSETREF(depth_type, (PyTypeObject *)depth);
+    Py_INCREF(groups);
+    Py_XSETREF(group_type, (PyTypeObject *)groups);
     Py_INCREF(type);
     Py_XSETREF(record_type, (PyTypeObject *)type);
     Py_INCREF(info);
@@ -124,6 +134,39 @@ configure(PyObject *module, PyObject *args)
     Py_XSETREF(state_in_flight, in_flight);
     configured = 1;
     Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ never harm: whose errors, which process
+ *
+ * Only Exceptions are Mycroft's to handle. Wherever this file would swallow an error raised by Python code it
+ * ran (a payload's getter entering a tensor subclass's __torch_function__, payload_info, the rooted ops' helper,
+ * a custom __bool__, the recorder's helpers), a BaseException that is not an Exception -- KeyboardInterrupt,
+ * SystemExit, GeneratorExit: a Ctrl-C landing in our code -- is left set and goes out of the call as it would
+ * without Mycroft: raised before torch's call, that call is not made. */
+
+/* 0 with the pending error cleared (or none set) when it is an Exception; -1, the error left set, when not */
+static int
+clear_ours(void)
+{
+    PyObject *type = PyErr_Occurred();
+    if (type != NULL && !PyErr_GivenExceptionMatches(type, PyExc_Exception))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* fork: a child starts clean. pthread_atfork's child handler (any fork: os.fork, multiprocessing, a C library)
+ * only moves this generation on, which is all that is safe to do there. A Ring made or last reset in another
+ * generation forgets its slots at its next use in the child (ring_current: the parent's ops are the parent's,
+ * their references are neither released nor completed here), and an op begun before the fork is not completed
+ * in the child (hot_call compares the generation its begin saw). Recorder's os.register_at_fork hook clears the
+ * child's copies of the Python side (records in flight, the queue). Read and written under the GIL. */
+static unsigned long fork_generation;
+
+static void
+after_fork_in_child(void)
+{
+    fork_generation++;
 }
 
 /* ------------------------------------------------------------------ Counters */
@@ -221,7 +264,7 @@ argument(const Call *call, const ArgRef *ref)
         if (PyUnicode_Compare(PyTuple_GET_ITEM(call->kwnames, i), ref->keyword) == 0)
             return call->args[call->nargs + i];
     }
-    PyErr_Clear();
+    PyErr_Clear(); /* str against str runs no code: no error in fact */
     return NULL;
 }
 
@@ -486,7 +529,24 @@ typedef struct Ring {
     unsigned long long mask, head, tail; /* [tail, head) are taken; head - tail <= mask + 1 */
     Py_ssize_t in_flight;
     long long taken, full, lost; /* ops written here / that found it full / whose record could not be made */
+    unsigned long generation;    /* fork_generation when made or last reset */
 } Ring;
+
+/* In a forked child, the ring's first use forgets the parent's slots: their references stay as they are (held
+ * for ever in the child: released, they would be the parent's ops finished here) and no slot of the parent's
+ * is completed, drained or copied here. In place: the child's copy of the array is the child's own memory.
+ * One compare where nothing forked. */
+static inline void
+ring_current(struct Ring *self)
+{
+    if (self->generation == fork_generation)
+        return;
+    memset(self->slots, 0, (size_t)(self->mask + 1) * sizeof(Slot));
+    self->head = self->tail = 0;
+    self->in_flight = 0;
+    self->taken = self->full = self->lost = 0;
+    self->generation = fork_generation;
+}
 
 static void
 slot_release(Slot *slot)
@@ -524,6 +584,7 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     }
     self->mask = size - 1;
+    self->generation = fork_generation;
     return (PyObject *)self;
 }
 
@@ -531,6 +592,7 @@ ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static inline Slot *
 ring_take(Ring *self)
 {
+    ring_current(self);
     if (self->head - self->tail > self->mask) {
         self->full++;
         return NULL;
@@ -612,6 +674,7 @@ ring_give_up(Ring *self, Slot *slot)
 static PyObject *
 ring_drain(Ring *self, PyObject *Py_UNUSED(ignored))
 {
+    ring_current(self);
     PyObject *records = PyList_New(0);
     if (records == NULL)
         return NULL;
@@ -625,8 +688,14 @@ ring_drain(Ring *self, PyObject *Py_UNUSED(ignored))
         if (op.state == SLOT_DONE) {
             PyObject *record = slot_record(&op, SLOT_DONE);
             if (record == NULL || PyList_Append(records, record) < 0) {
-                PyErr_Clear();
                 self->lost++;
+                if (clear_ours() < 0) { /* not ours to swallow: out, the ops drained so far lost with it */
+                    Py_XDECREF(record);
+                    slot_release(&op);
+                    self->lost += PyList_GET_SIZE(records);
+                    Py_DECREF(records);
+                    return NULL;
+                }
             }
             Py_XDECREF(record);
         }
@@ -639,6 +708,7 @@ ring_drain(Ring *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 ring_copies(Ring *self, int state)
 {
+    ring_current(self);
     PyObject *records = PyList_New(0);
     if (records == NULL)
         return NULL;
@@ -683,6 +753,7 @@ ring_done(Ring *self, PyObject *Py_UNUSED(ignored))
 static Py_ssize_t
 ring_len(Ring *self)
 {
+    ring_current(self);
     return (Py_ssize_t)(self->head - self->tail);
 }
 
@@ -703,6 +774,7 @@ ring_clear(Ring *self)
 {
     if (self->slots == NULL)
         return 0;
+    ring_current(self);
     for (unsigned long long at = self->tail; at != self->head; at++)
         slot_release(&self->slots[at & self->mask]);
     self->tail = self->head;
@@ -727,12 +799,29 @@ static PyMethodDef ring_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyMemberDef ring_members[] = {
-    {"in_flight", T_PYSSIZET, offsetof(Ring, in_flight), READONLY, "ops in flight in the ring"},
-    {"taken", T_LONGLONG, offsetof(Ring, taken), READONLY, "ops the hot path wrote here"},
-    {"full", T_LONGLONG, offsetof(Ring, full), READONLY, "ops that found the ring full (recorded as OpRecords)"},
-    {"lost", T_LONGLONG, offsetof(Ring, lost), READONLY, "done ops whose OpRecord could not be made (no memory)"},
-    {NULL, 0, 0, 0, NULL},
+/* the counts, read as this process's (a forked child's ring forgets its parent's first) */
+static PyObject *
+ring_get_in_flight(Ring *self, void *Py_UNUSED(closure))
+{
+    ring_current(self);
+    return PyLong_FromSsize_t(self->in_flight);
+}
+
+static PyObject *
+ring_get_count(Ring *self, void *closure)
+{
+    ring_current(self);
+    return PyLong_FromLongLong(*(long long *)((char *)self + (Py_ssize_t)closure));
+}
+
+static PyGetSetDef ring_getset[] = {
+    {"in_flight", (getter)ring_get_in_flight, NULL, "ops in flight in the ring", NULL},
+    {"taken", (getter)ring_get_count, NULL, "ops the hot path wrote here", (void *)offsetof(Ring, taken)},
+    {"full", (getter)ring_get_count, NULL, "ops that found the ring full (recorded as OpRecords)",
+     (void *)offsetof(Ring, full)},
+    {"lost", (getter)ring_get_count, NULL, "done ops whose OpRecord could not be made (no memory)",
+     (void *)offsetof(Ring, lost)},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PySequenceMethods ring_as_sequence = {.sq_length = (lenfunc)ring_len};
@@ -747,7 +836,7 @@ static PyTypeObject RingType = {
     .tp_clear = (inquiry)ring_clear,
     .tp_dealloc = (destructor)ring_dealloc,
     .tp_methods = ring_methods,
-    .tp_members = ring_members,
+    .tp_getset = ring_getset,
     .tp_as_sequence = &ring_as_sequence,
     .tp_doc = "The hot path's sync ops, in fixed slots: Ring(capacity); len() is the ops not yet drained.",
 };
@@ -773,7 +862,7 @@ getset_of(PyTypeObject *type, PyObject *name)
 {
     PyObject *descr = PyObject_GetAttr((PyObject *)type, name); /* the class attribute: the descriptor itself */
     if (descr == NULL) {
-        PyErr_Clear();
+        clear_ours(); /* a metaclass's Python code: anything else than an Exception stays set */
         return NULL;
     }
     PyGetSetDef *def = Py_TYPE(descr) == &PyGetSetDescr_Type ? ((PyGetSetDescrObject *)descr)->d_getset : NULL;
@@ -781,7 +870,8 @@ getset_of(PyTypeObject *type, PyObject *name)
     return def != NULL && def->get != NULL ? def : NULL;
 }
 
-/* 1 with the getters of `type`, remembered; 0 where the generic lookup must read them */
+/* 1 with the getters of `type`, remembered; 0 where the generic lookup must read them; -1 with a
+ * BaseException that is no Exception set (raised by a metaclass's code) */
 static int
 payload_getters_for(PyTypeObject *type)
 {
@@ -789,7 +879,10 @@ payload_getters_for(PyTypeObject *type)
         return 1;
     if (type->tp_getattro != PyObject_GenericGetAttr)
         return 0;
-    PyGetSetDef *nbytes = getset_of(type, names[A_NBYTES]), *dtype = getset_of(type, names[A_DTYPE]);
+    PyGetSetDef *nbytes = getset_of(type, names[A_NBYTES]);
+    PyGetSetDef *dtype = PyErr_Occurred() ? NULL : getset_of(type, names[A_DTYPE]);
+    if (PyErr_Occurred())
+        return -1;
     if (nbytes == NULL || dtype == NULL || type->tp_version_tag == 0)
         return 0;
     Py_INCREF(type);
@@ -823,19 +916,24 @@ group_object(PyObject *deref)
 /* ------------------------------------------------------------------ begin
  *
  * What Recorder.beginner's `begin` does for this call: 1 with `out` filled; 0, no error set and no state
- * touched, when the Python wrapper must take the call (it meets any error of ours again and counts it). */
+ * touched, when the Python wrapper must take the call (it meets any error of ours again and counts it); -1, no
+ * state touched, with a BaseException that is no Exception set (raised by Python code it ran): it leaves the
+ * call, torch's function is not called (see clear_ours). */
 typedef struct {
     PyObject *record; /* the op as an OpRecord, or NULL: in `slot` */
     Slot *slot;
     PyObject *info;
     long long seq, start;
     int async_op;
+    unsigned long generation; /* fork_generation at begin: another at the end, the op is a parent's (fork) */
 } Begun;
 
 /* no op in flight, as an OpRecord or in the ring (the start of communication time) */
 static inline int
 nothing_in_flight(Hot *self)
 {
+    if (self->ring != NULL)
+        ring_current(self->ring);
     return PyDict_GET_SIZE(self->inflight) == 0 && (self->ring == NULL || self->ring->in_flight == 0);
 }
 
@@ -875,7 +973,10 @@ begin(Hot *self, const Call *call, Begun *out)
         PyObject *payload = argument(call, &self->payload);
         if (payload == NULL)
             payload = Py_None;
-        if (payload_getters_for(Py_TYPE(payload))) {
+        int getters = payload_getters_for(Py_TYPE(payload));
+        if (getters < 0)
+            goto delegate;
+        if (getters) {
             nbytes = payload_getters.nbytes->get(payload, payload_getters.nbytes->closure);
             if (nbytes != NULL)
                 dtype = payload_getters.dtype->get(payload, payload_getters.dtype->closure);
@@ -959,7 +1060,7 @@ begin(Hot *self, const Call *call, Begun *out)
                 self->counters->comm_since_ns = start;
             self->counters->last_activity_ns = start;
             Py_DECREF(pg);
-            *out = (Begun){NULL, slot, info, seq, start, 0};
+            *out = (Begun){NULL, slot, info, seq, start, 0, fork_generation};
             return 1;
         }
     }
@@ -1018,16 +1119,17 @@ begin(Hot *self, const Call *call, Begun *out)
     out->seq = seq;
     out->start = start;
     out->async_op = async_op;
+    out->generation = fork_generation;
     return 1;
 
-delegate:
-    PyErr_Clear();
-    Py_XDECREF(record);
+delegate:;
+    int stop = clear_ours();
+    Py_XDECREF(record); /* deallocations run no code that could raise here (an error set stays set) */
     Py_XDECREF(nbytes);
     Py_XDECREF(dtype);
     Py_XDECREF(pg);
     Py_XDECREF(info);
-    return 0;
+    return stop;
 }
 
 /* ------------------------------------------------------------------ complete: Recorder.complete(record) */
@@ -1105,33 +1207,43 @@ complete(Hot *self, Begun *op)
 
 /* ------------------------------------------------------------------ the call */
 
-/* This thread's _Depth (PerThread.depth), remembered per OS thread with the PerThread it came from.
- * Each read through the threading.local is a lookup in the thread's state, a type lookup and a
- * descriptor call: ~1 us a call after a collective has left the caches cold (2-core VM). A thread's
- * _Depth is made once and never replaced; both references are held, so neither address can be
- * reused while remembered. A thread that ends leaves its two references behind (two small objects). */
+/* This thread's _Depth (PerThread.depth), remembered with the PerThread it came from and the Python thread
+ * state it was read in. Each read through the threading.local is a lookup in the thread's state, a type lookup
+ * and a descriptor call: ~1 us a call after a collective has left the caches cold (2-core VM). Keyed as Python
+ * keys a threading.local, by the thread state, not by the OS thread: a C++ thread that enters Python with a new
+ * thread state each time (torch's Future.then callbacks on gloo's threads, pybind11's gil_scoped_acquire) has
+ * a new PerThread each time, which the Python wrapper reads; remembered per OS thread, the C path went on
+ * using the first one's _Depth, and a nested wrapped call was recorded twice with one seq. A thread state's
+ * id is unique for the interpreter's life (its address is not: a freed one is reused at once). A _Depth is
+ * made once per PerThread and thread state and never replaced; both references are held, so neither address
+ * can be reused while remembered. A thread that ends leaves its two references behind (two small objects). */
 static _Thread_local PyObject *remembered_per_thread, *remembered_depth;
+static _Thread_local uint64_t remembered_thread_state;
 
-static PyObject * /* a new reference; NULL, no error set: the Python path must take the call */
+/* a new reference; NULL, no error set: the Python path must take the call; NULL with an error set: a
+ * BaseException that is no Exception, raised by PerThread's __init__ (this thread state's first read) */
+static PyObject *
 thread_depth(Hot *self)
 {
-    if (remembered_per_thread == self->per_thread)
+    uint64_t thread_state = PyThreadState_GetID(PyThreadState_Get());
+    if (remembered_per_thread == self->per_thread && remembered_thread_state == thread_state)
         return new_ref(remembered_depth);
     PyObject *depth = PyObject_GetAttr(self->per_thread, names[A_DEPTH]);
     if (depth == NULL || Py_TYPE(depth) != depth_type) {
-        PyErr_Clear();
         Py_XDECREF(depth);
+        clear_ours();
         return NULL;
     }
     PyObject *old_per_thread = remembered_per_thread, *old_depth = remembered_depth;
     remembered_per_thread = new_ref(self->per_thread);
     remembered_depth = new_ref(depth);
+    remembered_thread_state = thread_state;
     Py_XDECREF(old_per_thread); /* last: their deallocation may run Python code */
     Py_XDECREF(old_depth);
     return depth;
 }
 
-/* _Depth.value, read in place; -1 when it is not a small int (no error set) */
+/* _Depth.value, read in place; -1 when it is not a small int (no error set; an exact int runs no code) */
 static long
 depth_value(PyObject *depth)
 {
@@ -1140,7 +1252,7 @@ depth_value(PyObject *depth)
         return -1;
     long now = PyLong_AsLong(value);
     if (now == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
+        PyErr_Clear(); /* OverflowError */
         return -1;
     }
     return now;
@@ -1163,16 +1275,42 @@ set_depth(PyObject *depth, long delta)
     return depth;
 }
 
-/* Recorder._note_error through the Python path: count it once there, never into training */
+/* A BaseException that is no Exception, met after torch's call began: kept aside while the bookkeeping goes
+ * on (no call is made with an error set), then raised from the call (the first one; any later one is dropped,
+ * as a second Ctrl-C during an except block would replace the first). */
+typedef struct {
+    PyObject *type, *value, *tb;
+} Stop;
+
 static void
-note_error(Hot *self, const char *where)
+stop_keep(Stop *stop)
 {
+    if (stop->type == NULL) {
+        PyErr_Fetch(&stop->type, &stop->value, &stop->tb);
+        PyErr_NormalizeException(&stop->type, &stop->value, &stop->tb);
+        if (stop->value != NULL && stop->tb != NULL)
+            PyException_SetTraceback(stop->value, stop->tb);
+    } else {
+        PyErr_Clear();
+    }
+}
+
+/* Recorder._note_error through the Python path: count it once there, never into training. An error that is
+ * not an Exception is not ours to note: it goes to `stop`, as does one that the note itself raises. */
+static void
+note_error(Hot *self, const char *where, Stop *stop)
+{
+    PyObject *pending = PyErr_Occurred();
+    if (pending != NULL && !PyErr_GivenExceptionMatches(pending, PyExc_Exception)) {
+        stop_keep(stop);
+        return;
+    }
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     PyObject *result = PyObject_CallMethod(self->recorder, "_note_error", "sO", where, value ? value : Py_None);
-    if (result == NULL)
-        PyErr_Clear();
+    if (result == NULL && clear_ours() < 0)
+        stop_keep(stop);
     Py_XDECREF(result);
     Py_XDECREF(type);
     Py_XDECREF(value);
@@ -1186,26 +1324,34 @@ hot_call(Hot *self, const Call *call)
         PyObject *tracing = PyDict_GetItemWithError(self->compiler_dict, names[A_COMPILING_FLAG]);
         if (tracing == Py_True)
             return PyObject_Vectorcall(self->original, call->args, call->nargs, call->kwnames);
-        PyErr_Clear();
+        if (tracing == NULL && clear_ours() < 0) /* a str key in a module's dict: runs no code, in fact */
+            return NULL;
     }
     PyObject *depth = thread_depth(self);
     if (depth == NULL)
-        return call_slow(self, call);
+        return PyErr_Occurred() ? NULL : call_slow(self, call);
     if (depth_value(depth) != 0) { /* inside another wrapped call (or unreadable): the Python path decides */
         Py_DECREF(depth);
         return call_slow(self, call);
     }
     Begun op = {0};
-    if (!begin(self, call, &op)) {
+    int begun = begin(self, call, &op);
+    if (begun <= 0) {
         Py_DECREF(depth);
-        return call_slow(self, call);
+        return begun < 0 ? NULL : call_slow(self, call);
     }
     self->handled++;
+    Stop stop = {NULL, NULL, NULL};
+    if (set_depth(depth, 1) == NULL)
+        note_error(self, "depth", &stop);
     PyObject *result = NULL;
-    if (set_depth(depth, 1) == NULL) {
-        note_error(self, "depth");
+    if (stop.type == NULL) {
+        result = PyObject_Vectorcall(self->original, call->args, call->nargs, call->kwnames);
+    } else { /* a stop before torch's call: the call is not made, the op fails with the stop */
+        PyErr_Restore(stop.type, stop.value, stop.tb);
+        stop = (Stop){NULL, NULL, NULL};
     }
-    result = PyObject_Vectorcall(self->original, call->args, call->nargs, call->kwnames);
+    int ours = op.generation == fork_generation; /* else the op is a parent's, returning in a forked child */
     if (result == NULL) {
         /* the op failed: Recorder.failed(record, exc), then the same exception goes on */
         PyObject *type, *exc, *tb;
@@ -1213,45 +1359,62 @@ hot_call(Hot *self, const Call *call)
         PyErr_NormalizeException(&type, &exc, &tb);
         if (exc != NULL && tb != NULL)
             PyException_SetTraceback(exc, tb);
-        if (op.slot != NULL) { /* the record's way: in recorder.inflight, Recorder.failed completes it */
+        if (ours && op.slot != NULL) { /* the record's way: in recorder.inflight, Recorder.failed completes it */
             op.record = ring_give_up(self->ring, op.slot);
             if (op.record != NULL && PyDict_SetItem(self->inflight, op.record, op.record) < 0)
                 Py_CLEAR(op.record);
+            if (op.record == NULL && clear_ours() < 0) /* MemoryError: the op unrecorded */
+                stop_keep(&stop);
         }
-        PyObject *failed = op.record == NULL ? NULL :
+        PyObject *failed = !ours || op.record == NULL ? NULL :
             PyObject_CallMethodObjArgs(self->recorder, names[A_FAILED], op.record, exc ? exc : Py_None, NULL);
-        if (failed == NULL)
-            PyErr_Clear();
+        if (failed == NULL && PyErr_Occurred() && clear_ours() < 0)
+            stop_keep(&stop);
         Py_XDECREF(failed);
         if (set_depth(depth, -1) == NULL)
-            PyErr_Clear();
-        PyErr_Restore(type, exc, tb);
+            PyErr_Clear(); /* a TypeError of set_depth's own: no code ran */
+        if (stop.type == NULL) {
+            PyErr_Restore(type, exc, tb);
+        } else if (stop.value != exc) { /* the stop goes on, the call's own error as its context */
+            if (stop.value != NULL && exc != NULL)
+                PyException_SetContext(stop.value, new_ref(exc));
+            Py_XDECREF(type);
+            Py_XDECREF(exc);
+            Py_XDECREF(tb);
+        }
         goto done;
     }
     if (set_depth(depth, -1) == NULL)
-        note_error(self, "depth");
-    if (op.slot != NULL) {
+        note_error(self, "depth", &stop);
+    if (!ours) {
+        /* forked inside torch's call: the op is the parent's (its ring slot and its record were forgotten here
+         * at the fork); the child neither completes nor queues it */
+    } else if (op.slot != NULL) {
         if (complete_slot(self, &op) < 0)
-            note_error(self, "complete");
+            note_error(self, "complete", &stop);
     } else if (!op.async_op) {
         if (complete(self, &op) < 0)
-            note_error(self, "complete");
+            note_error(self, "complete", &stop);
         if (self->issues_many) {
             PyObject *through = PyObject_CallMethodOneArg(self->recorder, names[A_COMPLETE_THROUGH], op.record);
             if (through == NULL)
-                note_error(self, "complete_through_call");
+                note_error(self, "complete_through_call", &stop);
             Py_XDECREF(through);
         }
     } else {
         PyObject *issued = PyObject_CallMethodObjArgs(self->recorder, names[A_ISSUED_CALL], op.record, result, NULL);
         if (issued == NULL)
-            note_error(self, "issued");
+            note_error(self, "issued", &stop);
         Py_XDECREF(issued);
     }
 done:
     Py_DECREF(depth);
     Py_XDECREF(op.record);
     Py_DECREF(op.info);
+    if (stop.type != NULL) { /* out of the call as without Mycroft: the collective's result with it */
+        Py_CLEAR(result);
+        PyErr_Restore(stop.type, stop.value, stop.tb);
+    }
     return result;
 }
 
@@ -1469,7 +1632,13 @@ wait_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObje
     PyErr_Fetch(&type, &value, &traceback); /* the call's own error, if any, survives the pop */
     PyObject *left = PyObject_CallNoArgs(self->pop);
     if (left == NULL) { /* never raised by a deque we appended to; keep the call's outcome */
-        PyErr_Clear();
+        if (clear_ours() < 0) { /* not ours to swallow: it leaves the call instead */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            Py_XDECREF(result);
+            return NULL;
+        }
     } else {
         Py_DECREF(left);
     }
@@ -1562,24 +1731,50 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Multi-phase initialisation, for its slots: the module keeps its state in C statics (the configured types,
+ * the payload getters, the per-thread depth), so it is one per process -- not for subinterpreters -- and it
+ * relies on the GIL (see docs/instrumentation.md, "Free-threaded CPython"): on a free-threaded 3.13 build,
+ * importing it turns the GIL on, as CPython does for any module that does not declare otherwise. */
+static int
+module_exec(PyObject *module)
+{
+    static int at_fork_registered;
+    if (PyType_Ready(&HotType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&CountersType) < 0 ||
+        PyType_Ready(&DoorType) < 0 || PyType_Ready(&RingType) < 0)
+        return -1;
+    if (PyModule_AddType(module, &HotType) < 0 || PyModule_AddType(module, &WaitType) < 0 ||
+        PyModule_AddType(module, &CountersType) < 0 || PyModule_AddType(module, &RingType) < 0)
+        return -1;
+    if (!at_fork_registered) {
+        int failed = pthread_atfork(NULL, NULL, after_fork_in_child);
+        if (failed != 0) {
+            errno = failed;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        at_fork_registered = 1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_hotpath", "The training thread's hot path for a sync collective (see the C file).", -1,
-    module_methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_hotpath", "The training thread's hot path for a sync collective (see the C file).", 0,
+    module_methods, module_slots, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    if (PyType_Ready(&HotType) < 0 || PyType_Ready(&WaitType) < 0 || PyType_Ready(&CountersType) < 0 ||
-        PyType_Ready(&DoorType) < 0 || PyType_Ready(&RingType) < 0)
-        return NULL;
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL)
-        return NULL;
-    if (PyModule_AddType(module, &HotType) < 0 || PyModule_AddType(module, &WaitType) < 0 ||
-        PyModule_AddType(module, &CountersType) < 0 || PyModule_AddType(module, &RingType) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return PyModuleDef_Init(&module_def);
 }

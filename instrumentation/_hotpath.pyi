@@ -4,7 +4,8 @@ from collections.abc import Callable
 from typing import Any
 
 def configure(op_record_type: type, group_info_type: type, depth_type: type,
-              payload_info: Callable[[Any], tuple[int, Any]], state_completed: str, state_in_flight: str) -> None: ...
+              payload_info: Callable[[Any], tuple[int, Any]], state_completed: str, state_in_flight: str) -> None:
+    """All or nothing: a call that raises changes nothing."""
 
 class Counters:
     """A recorder's per-op counters as C integers (recorder.Counters where the extension is built)."""
@@ -14,7 +15,8 @@ class Counters:
     ops_done: int
 
 class Ring:
-    """The compiled hot path's sync ops in fixed slots (Recorder.ring); the runtime makes their OpRecords."""
+    """The compiled hot path's sync ops in fixed slots (Recorder.ring); the runtime makes their OpRecords.
+    Read-only counts, this process's: in a forked child the ring forgets the parent's slots at its first use."""
     in_flight: int
     taken: int
     full: int

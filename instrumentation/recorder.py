@@ -13,9 +13,11 @@ import heapq
 import itertools
 import logging
 import operator
+import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +159,21 @@ def payload_info(value: Any) -> tuple[int, Any]:
         return 0, None
 
 
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for recorder in list(_RECORDERS):
+        try:
+            recorder.forget_parent()
+        except Exception as exc:  # never into the child's own code
+            log.debug("mycroft: recorder state not reset after fork (%r)", exc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Recorder:
     """Per-process recording state shared by every wrapper."""
 
@@ -192,6 +209,20 @@ class Recorder:
         # where a counter needs a lock (`+=` from two threads can lose an update)
         self.waiters: collections.deque[None] = collections.deque()
         self.completion = CompletionTracker(self, completion_poll_s, max_pending_works)
+        _RECORDERS.add(self)
+
+    def forget_parent(self) -> None:
+        """In a forked child (a DataLoader worker forked mid-op): the parent's ops are the parent's. The child's
+        copies of its records in flight and done are dropped, its counters start again, and the compiled ring
+        forgets the parent's slots (it does so at its first use in the child anyway: `_hotpath.c`, fork)."""
+        for held in (self.inflight, self.queue, self.pending_works, self.funcol_pending, self.funcol_calls,
+                     self.funcol_device, self.waiters):
+            held.clear()
+        self.failures_pending = False
+        counters = self.counters
+        counters.comm_ns = counters.comm_since_ns = counters.ops_done = 0
+        counters.last_activity_ns = _now_ns()
+        len(self.ring)
 
     # ------------------------------------------------------------------ helpers
     def _note_error(self, where: str, exc: BaseException) -> None:

@@ -25,6 +25,23 @@ log = logging.getLogger("mycroft.instrumentation")
 STARTUP_OWNER_ENV = "MYCROFT_STARTUP_PID"  # the pid of the process that reports a rank's start-up
 
 
+def _name_nccl_plugin() -> None:
+    """NCCL_PROFILER_PLUGIN names Mycroft's plugin from process start (instrumentation/nccl_plugin.py);
+    said once per process, at info (warning where the plugin is missing: NCCL's inside goes unseen)."""
+    from mycroft.instrumentation import nccl_plugin
+    from mycroft.native import installed_plugin
+
+    try:
+        choice = nccl_plugin.name_plugin(os.environ, installed_plugin())
+    except Exception as exc:  # a broken environment never stops the job
+        log.info("mycroft: NCCL profiler plugin not named (%r)", exc)
+        return
+    if choice.outcome == "kept_ours" and os.environ.get(nccl_plugin.NAMED_BY_MYCROFT_ENV) == "1":
+        log.debug("%s", choice.message)  # every worker of a launch inherits it: said by the first only
+    else:
+        log.log(logging.WARNING if choice.outcome in ("missing", "kept_both") else logging.INFO, "%s", choice.message)
+
+
 class MycroftInstrumentor(BaseInstrumentor):
     """Traces every collective and p2p op of torch.distributed, and heartbeats per rank.
 
@@ -54,6 +71,7 @@ class MycroftInstrumentor(BaseInstrumentor):
             return
         if not dist.is_available():
             return
+        _name_nccl_plugin()
         recorder = Recorder(config.queue_size, config.completion_poll_s, config.max_pending_works)
         self._recorder = recorder
         self._patcher = patching.Patcher()
@@ -107,9 +125,8 @@ class MycroftInstrumentor(BaseInstrumentor):
 
         def stop_runtime() -> None:
             runtime, self._runtime = self._runtime, None
-            if runtime is not None:
-                runtime.final(exit_reason="destroy_process_group")
-                runtime.shutdown()
+            if runtime is not None:  # bounded whatever the collector does (runtime.TEARDOWN_S)
+                runtime.teardown(exit_reason="destroy_process_group")
             recorder.groups.reset()
 
         patching.install(self._patcher, recorder, config.ddp_hook, start_runtime, stop_runtime, entering_init,
@@ -124,8 +141,7 @@ class MycroftInstrumentor(BaseInstrumentor):
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             try:
-                runtime.final(exit_reason="uninstrument")
-                runtime.shutdown()
+                runtime.teardown(exit_reason="uninstrument")
             except Exception as exc:  # never into the caller's code
                 log.warning("mycroft: shutting down the runtime failed (%r)", exc)
         startup, self._startup = getattr(self, "_startup", None), None

@@ -1,11 +1,14 @@
 """mycroft.native: the NCCL profiler plugin (C, in src/) and the Python side of its ring.
 
-The plugin is built by `make -C native` (dev.sh does it; `mycroft native build` too) and
-loaded by NCCL with NCCL_PROFILER_PLUGIN=<absolute path>; `mycroft native path` prints it.
+The plugin is built by `pip install` (an optional extension, `_nccl_profiler*.so` beside this
+file) and by `make -C native` (dev.sh does it; `mycroft native build` too). The instrumentation
+names it in NCCL_PROFILER_PLUGIN itself (instrumentation/nccl_plugin.py); `mycroft native path`
+prints the one it names.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +21,18 @@ BUILD_DIR = PACKAGE_DIR / "build"
 def library_path() -> Path:
     """Absolute path of the built plugin (NCCL 2.27.3 mangles relative ./ paths)."""
     return BUILD_DIR / LIBRARY_NAME
+
+
+def installed_plugin() -> Path | None:
+    """The plugin NCCL should load: make's build (a developer's freshest) if there is one, else the
+    one `pip install` built into the package; None where neither was built (no C compiler)."""
+    if library_path().is_file():
+        return library_path()
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        packaged = PACKAGE_DIR / f"_nccl_profiler{suffix}"
+        if packaged.is_file():
+            return packaged
+    return None
 
 
 def build(target: str = "all", quiet: bool = True) -> Path:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from mycroft.native import build, library_path
+from mycroft.native import build, installed_plugin, library_path
 from mycroft.native.ring import FILE_PREFIX, Ring, RingError, fallback_dir, find_ring, pid_alive, ring_dir
 
 
@@ -29,9 +29,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "path":
-        path = library_path()
-        print(path)
-        if not path.exists():
+        found = installed_plugin()
+        print(found or library_path())
+        if found is None:
             print("mycroft native: not built yet; run `mycroft native build`", file=sys.stderr)
             return 1
         return 0

@@ -112,14 +112,15 @@ def test_native_spans_join_the_python_trace_and_a_collective_behind_a_long_kerne
         otlp_sink: tuple[SpanSink, int]) -> None:
     """The NCCL profiler plugin, driven by the simulator as NCCL drives it, in a real torchrun job.
 
-    Communicators are mapped to torch groups by shape and call-window evidence (commName is
-    left empty), so each rank's nccl.collective span is a child of its own Python span.
+    Nobody names the plugin: the instrumentation sets NCCL_PROFILER_PLUGIN itself at start-up
+    (instrumentation/nccl_plugin.py). Communicators are mapped to torch groups by shape and
+    call-window evidence (commName is left empty), so each rank's nccl.collective span is a child
+    of its own Python span.
     """
-    from mycroft.native import library_path
-
     sink, port = otlp_sink
-    env = instrumented_env(port, MYCROFT_HEARTBEAT_INTERVAL="0.25", MYCROFT_JOB_ID="nccl-like-native",
-                           NCCL_PROFILER_PLUGIN=str(library_path()))
+    env = instrumented_env(port, MYCROFT_HEARTBEAT_INTERVAL="0.25", MYCROFT_JOB_ID="nccl-like-native")
+    for name in ("NCCL_PROFILER_PLUGIN", "MYCROFT_NCCL_PROFILER_CHAIN", "MYCROFT_NCCL_PLUGIN"):
+        env.pop(name, None)
     kernel = 0.6
     result = run_torchrun(JOB, 2, env, "--steps", "40", "--kernel-step", "30", "--kernel-seconds", str(kernel))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -237,15 +237,20 @@ class IncidentTracker:
         changed = False
         if causes and old and _cause_signature(causes) != _cause_signature(old):
             old_ranks = {c.get("rank") for c in old}
-            # a story that has not paged yet (a holder whose stack is on the way) whose rank then dies
-            # while its peers still wait: the crash is the story (SIGKILL right after a heartbeat)
+            deaths = [c for c in causes if c.get("kind") in _AFTERMATH]
+            alive = [c for c in causes if c.get("kind") not in _AFTERMATH]
+            # a story that has not paged yet (a holder whose stack is on the way) whose named rank then dies
+            # alone while its peers still wait: the crash is the story (SIGKILL right after a heartbeat). A
+            # teardown kills the peers too: that is no crash story
             died_before_paging = current.severity != CRITICAL and finding.severity == CRITICAL and \
-                all(c.get("kind") == RC_PROCESS_LOST for c in causes)
-            if all(c.get("kind") in _FIRST_CAUSES for c in old) and all(c.get("kind") in _AFTERMATH for c in causes) \
-                    and not died_before_paging:
-                # teardown after the fact: the first cause stands; what happened next is recorded
+                all(c.get("kind") == RC_PROCESS_LOST for c in causes) and \
+                {c.get("rank") for c in causes} <= old_ranks
+            if all(c.get("kind") in _FIRST_CAUSES for c in old) and deaths and not died_before_paging and \
+                    (not alive or _cause_signature(alive) == _cause_signature(old)):
+                # teardown after the fact (deaths alone, or beside the same first cause): the first cause
+                # stands; what happened next is recorded on it
                 known = {(c.get("rank"), c.get("kind")) for c in current.consequences}
-                fresh = [c for c in causes if (c.get("rank"), c.get("kind")) not in known]
+                fresh = [c for c in deaths if (c.get("rank"), c.get("kind")) not in known]
                 if fresh:
                     current.consequences.extend(_consequence(c, now) for c in fresh[:16])
                     changed = True

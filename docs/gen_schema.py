@@ -74,8 +74,13 @@ MEANINGS: dict[str, tuple[str, str, str]] = {
     "ATTR_HB_EXIT_REASON": ("string", "Why the process goes: exit, SIGTERM, destroy_process_group, uninstrument",
                             "`SIGTERM`"),
     "ATTR_HB_IDLE_S": ("double", "Seconds since this rank last had an op in flight (0 while one is)", "`12.5`"),
-    "ATTR_HB_STACK": ("string", "Main-thread Python stack, innermost last; when idle longer than "
-                      "MYCROFT_STACK_AFTER, and on the final heartbeat", "`train.py:88 in load_batch`"),
+    "ATTR_HB_STACK": ("string", "Python stack of the thread that issues the rank's collectives (the last thread "
+                      "to start issuing that is still alive; the main thread before any), innermost last; when "
+                      "idle longer than MYCROFT_STACK_AFTER, and on the final heartbeat",
+                      "`train.py:88 in load_batch`"),
+    "ATTR_HB_THREAD_STACKS": ("string", "The rank's other threads' stacks (Mycroft's own left out), each under a "
+                              "`--- thread NAME` line, at most 8 threads and 6,000 characters; sent with the stack",
+                              "`--- thread pin_memory\\nthreading.py:320 in wait`"),
     "ATTR_HB_DROPPED": ("int", "Records this rank dropped so far (queue full, export failed, errors)", "`0`"),
     "ATTR_HB_SPANS_KEPT": ("int", "Op spans this rank sent so far under the trace budget (MYCROFT_TRACE_BUDGET)",
                            "`1200`"),

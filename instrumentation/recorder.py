@@ -113,11 +113,23 @@ def new_ring(capacity: int) -> Any:
         return PyRing()
 
 
-class PerThread(threading.local):
-    """This thread's `Depth` (threading.local runs __init__ once in each thread that reads it)."""
+ISSUERS_KEPT = 16  # threads remembered as issuers, the latest to start issuing last
 
-    def __init__(self) -> None:
+
+class PerThread(threading.local):
+    """This thread's `Depth` (threading.local runs __init__ once in each thread that reads it, with the
+    arguments the recorder made it with). Its first read in a thread is that thread's first op: the
+    thread is noted in `issuers` then, once, so the runtime knows which thread issues the collectives
+    (stacks.issuing_thread) at no cost per op."""
+
+    def __init__(self, issuers: dict[int, None] | None = None) -> None:
         self.depth = Depth()
+        if issuers is not None:
+            ident = threading.get_ident()
+            issuers.pop(ident, None)
+            issuers[ident] = None
+            while len(issuers) > ISSUERS_KEPT:
+                issuers.pop(next(iter(issuers)), None)
 
 
 _NO_WORK: Any = object()
@@ -193,7 +205,8 @@ class Recorder:
         self.counters.last_activity_ns = _now_ns()
         self.world_rank = -1
         self._keys = itertools.count(1)
-        self.per_thread = PerThread()
+        self.issuers: dict[int, None] = {}  # thread idents that issued an op, in the order they first did
+        self.per_thread = PerThread(self.issuers)
         self._beginners: dict[tuple[OpSpec, str, bool], Beginner] = {}
         self._error_logged = False
         self._drop_logged = False

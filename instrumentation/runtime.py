@@ -41,7 +41,7 @@ from mycroft.instrumentation.flight_recorder import FrontierReader
 from mycroft.instrumentation.recorder import OpRecord, Recorder
 from mycroft.instrumentation.sampling import TraceBudget
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span, op_trace_id, readable
-from mycroft.instrumentation.stacks import main_thread_stack
+from mycroft.instrumentation.stacks import issuing_thread, other_thread_stacks, thread_stack
 from mycroft.instrumentation.startup import host_attributes, launch_facts, launch_resource, named_resource
 from mycroft.instrumentation.thread_names import name_this_thread
 from opentelemetry.sdk.resources import Resource
@@ -563,9 +563,13 @@ class Runtime:
         # heartbeat still lists ops its peers finished (waited in C++, unseen) is in its own code, and the RCA,
         # which finds it not entered, needs the stack to tell a pause from a hang
         if final_reason or (now - since) / 1e9 >= self.config.stack_after_s or self._waiting_elsewhere(inflight, now):
-            stack = main_thread_stack(self.config.stack_depth)
+            issuer = issuing_thread(recorder.issuers)
+            stack = thread_stack(issuer, self.config.stack_depth)
             if stack:
                 attributes[schema.ATTR_HB_STACK] = stack
+            others = other_thread_stacks(issuer)
+            if others:
+                attributes[schema.ATTR_HB_THREAD_STACKS] = others
         if self._native is not None:
             try:
                 attributes.update(self._native.heartbeat_attributes())

@@ -136,6 +136,9 @@ TIMING_DEVICE_POLLED: Final = "device_polled"  # end: Work.is_completed() seen b
 TIMING_FLIGHT_RECORDER: Final = "flight_recorder"  # end: the Flight Recorder's last completed seq (watchdog, ~100 ms)
 TIMING_INFERRED: Final = "inferred"  # end: a later op of the group completed first (an upper bound, maybe late)
 ATTR_CALL_S: Final = "mycroft.call_s"  # seconds the issuing call took on the host (NCCL: enqueue, not completion)
+# an end taken from the Flight Recorder's frontier reads (timing flight_recorder): the op ended within this many
+# seconds before the span's end (gloo's entries never say when they completed)
+ATTR_END_WINDOW_S: Final = "mycroft.end_window_s"  # the op ended within this many seconds before the span's end
 ATTR_SAMPLE_PROBABILITY: Final = "mycroft.sample.probability"  # the trace budget kept this op with it (absent: 1)
 
 # --------------------------------------------------------------------------------------
@@ -160,13 +163,21 @@ ATTR_HB_IDLE_S: Final = "mycroft.hb.idle_s"  # seconds since this rank last had 
 # the rank posted them and went on (gloo's p2p Works complete only in wait()); idle_s then counts
 # from the last call's return
 ATTR_HB_POSTED_ONLY: Final = "mycroft.hb.posted_only"  # every op in flight is a posted p2p (returned), none waited on
-ATTR_HB_STACK: Final = "mycroft.hb.stack"  # main-thread Python stack, innermost last
+ATTR_HB_STACK: Final = "mycroft.hb.stack"  # the issuing thread's Python stack (main thread by default), innermost last
+# the rank's other threads' stacks (Mycroft's own left out), each under a "--- thread NAME" line; sent with the stack
+ATTR_HB_THREAD_STACKS: Final = "mycroft.hb.thread_stacks"
 ATTR_HB_DROPPED: Final = "mycroft.hb.dropped"  # telemetry records dropped so far by this rank
 # op spans so far by what the trace budget did with them (instrumentation/sampling.py): sent under
 # the budget, sent whatever the budget (failed, timed out, slow: anomalies), not sent
 ATTR_HB_SPANS_KEPT: Final = "mycroft.hb.spans.kept"
 ATTR_HB_SPANS_ANOMALIES: Final = "mycroft.hb.spans.anomalies"
 ATTR_HB_SPANS_SAMPLED_OUT: Final = "mycroft.hb.spans.sampled_out"
+# collectives issued from C++ (DDP's buckets, ...) that completed between two Flight Recorder reads: spans built
+# so far from its entries, those whose entries its ring overwrote before a dump read them (no span), and the
+# seconds those dumps held the GIL (instrumentation/flight_recorder.py, FrCoverage)
+ATTR_HB_FR_BUILT: Final = "mycroft.hb.fr.built"  # op spans built so far from Flight Recorder entries
+ATTR_HB_FR_LOST: Final = "mycroft.hb.fr.lost"  # completed collectives lost to the Flight Recorder's ring wrapping
+ATTR_HB_FR_DUMP_S: Final = "mycroft.hb.fr.dump_s"  # cumulative seconds spent in Flight Recorder entries dumps
 ATTR_HB_STEP: Final = "mycroft.hb.step"  # optional training step reported by the user
 # cumulative seconds the rank had >= 1 op in flight (the rest of its time is compute), and ops
 # completed so far: per interval, how much a rank computed vs waited, on its own clock

@@ -104,6 +104,8 @@ def _rank_evidence(job: JobState, rank_id: int, status: str, now: float, cfg: An
     base["idle_s"] = round(idle, 3)
     if rank.stack:
         base["stack"] = rank.stack
+    if rank.thread_stacks:
+        base["threads"] = rank.thread_stacks  # what its other threads were doing meanwhile
     where = rank.stack.strip().splitlines()[-1].strip() if rank.stack.strip() else "unknown (no stack yet)"
     beat = f"heartbeat {rank.hb_counter}" if rank.heartbeat_number is not None else "no heartbeat yet"
     base["text"] = (f"rank {rank_id} is alive ({beat}) but has not entered the op its "

@@ -22,6 +22,7 @@ enum {
     K_IDS, K_NAMES, K_MEMBERS, K_INFLIGHT_GIDS, K_SEQS, K_OPS, K_AGES, K_PEERS, K_SIZES, K_DTYPES, K_RETURNED,
     K_DIGEST_GIDS,
     K_SPANS_KEPT, K_SPANS_ANOMALIES, K_SPANS_SAMPLED_OUT, /* the trace budget's counts, in this order */
+    K_THREAD_STACKS,                                      /* the other threads' stacks, beside the stack */
     N_KEYS
 };
 
@@ -42,7 +43,7 @@ enum {
     A_WORK, A_STEP, A_DROPPED, A_ISSUED, A_COMPLETED, A_LAST_PROGRESS_AT, A_COMPLETIONS, A_INFLIGHT, A_HB_TABLE,
     A_HB_ADMITTED, A_RANK, A_GROUPS, A_P2P_ISSUED, A_P2P_COMPLETED, A_SEQS, A_SIGS, A_VERSION, A_FLOWS,
     A_FLOW_HISTORY, A_APPEND, A_ATTRIBUTES, A_RESOURCE, A_END_NS, A_RANKS, A_LAST_SEEN, A_WORLD_SIZE, A_HB_CHECKED,
-    A_SPANS_KEPT, A_SPANS_ANOMALIES, A_SPANS_SAMPLED_OUT,
+    A_SPANS_KEPT, A_SPANS_ANOMALIES, A_SPANS_SAMPLED_OUT, A_THREAD_STACKS,
     N_ATTRS
 };
 static const char *const ATTR_NAMES[N_ATTRS] = {
@@ -50,7 +51,7 @@ static const char *const ATTR_NAMES[N_ATTRS] = {
     "work", "step", "dropped", "issued", "completed", "last_progress_at", "completions", "inflight", "hb_table",
     "hb_admitted", "rank", "groups", "p2p_issued", "p2p_completed", "seqs", "sigs", "version", "flows",
     "flow_history", "append", "attributes", "resource", "end_ns", "ranks", "last_seen", "world_size", "hb_checked",
-    "spans_kept", "spans_anomalies", "spans_sampled_out",
+    "spans_kept", "spans_anomalies", "spans_sampled_out", "thread_stacks",
 };
 static PyObject *names[N_ATTRS];
 static PyObject *zero, *one, *minus_one, *empty_str;
@@ -303,7 +304,7 @@ fail:
 
 /* ------------------------------------------------------------------------ the heartbeat */
 typedef struct {
-    PyObject *counter, *interval, *idle, *stack, *comm, *done, *step, *dropped, *issued, *completed;
+    PyObject *counter, *interval, *idle, *stack, *threads, *comm, *done, *step, *dropped, *issued, *completed;
     PyObject *spans[3]; /* K_SPANS_KEPT .. K_SPANS_SAMPLED_OUT */
     PyObject *admitted; /* rank.hb_admitted (a new reference) */
     InflightArrays inflight;
@@ -322,6 +323,8 @@ static int check(PyObject *rank, PyObject *attrs, Checked *c) {
     if (c->idle != NULL && !PyFloat_CheckExact(c->idle)) return 0;
     c->stack = get(attrs, K_STACK);
     if (c->stack != NULL && !PyUnicode_CheckExact(c->stack)) return 0;
+    c->threads = get(attrs, K_THREAD_STACKS);
+    if (c->threads != NULL && !PyUnicode_CheckExact(c->threads)) return 0;
     c->comm = get(attrs, K_COMM);
     if (c->comm != NULL && !PyFloat_CheckExact(c->comm)) return 0;
     c->done = get(attrs, K_DONE);
@@ -569,6 +572,11 @@ static int fold_one(PyObject *job, PyObject *rank, PyObject *attrs, PyObject *re
         stack = max_stack > 0 ? PyUnicode_Substring(c.stack, n - max_stack, n) : PyUnicode_Substring(c.stack, 0, n);
     }
     if (stack == NULL || set_attr(rank, A_STACK, stack) < 0) goto out;
+    Py_DECREF(stack); /* the other threads' stacks: the first max_stack characters (the Python fold's slice) */
+    stack = c.threads == NULL ? (Py_INCREF(empty_str), empty_str)
+            : PyUnicode_GET_LENGTH(c.threads) <= max_stack ? (Py_INCREF(c.threads), c.threads)
+            : PyUnicode_Substring(c.threads, 0, max_stack);
+    if (stack == NULL || set_attr(rank, A_THREAD_STACKS, stack) < 0) goto out;
     if (c.comm != NULL && fold_work(rank, &c, end_ns) < 0) goto out;
     if (c.step != NULL && set_attr(rank, A_STEP, c.step) < 0) goto out;
     if (c.dropped != NULL && set_attr(rank, A_DROPPED, c.dropped) < 0) goto out;

@@ -83,6 +83,7 @@ class RankState:
     idle_s: float = 0.0
     idle_observed_at: float = 0.0
     stack: str = ""
+    thread_stacks: str = ""  # the rank's other threads, sent with the stack (schema.ATTR_HB_THREAD_STACKS)
     step: int | None = None
     dropped: int = 0
     # op spans so far by what the rank's trace budget did (schema.ATTR_HB_SPANS_*): /metrics sums them per job
@@ -416,6 +417,8 @@ def _apply_heartbeat_python(job: JobState, rank: RankState, record: SpanRecord, 
     if stack.__class__ is not str:
         stack = str(stack)
     rank.stack = stack if len(stack) <= cfg.max_stack_chars else stack[-cfg.max_stack_chars:]
+    threads = get(schema.ATTR_HB_THREAD_STACKS)
+    rank.thread_stacks = "" if threads is None else str(threads)[:cfg.max_stack_chars]
     comm = get(schema.ATTR_HB_COMM_S)
     if comm is not None:
         at = record.end_ns / 1e9
@@ -815,7 +818,8 @@ COMPILED_FOLD_KEYS = (
     schema.ATTR_HB_DROPPED, schema.ATTR_HB_GROUP_ISSUED, schema.ATTR_HB_GROUP_COMPLETED, schema.ATTR_HB_GROUP_IDS,
     schema.ATTR_HB_GROUP_NAMES, schema.ATTR_HB_GROUP_RANKS, schema.ATTR_HB_INFLIGHT_GROUP_IDS,
     *_INFLIGHT_ARRAYS, schema.ATTR_HB_DIGEST_GROUP_IDS,
-    schema.ATTR_HB_SPANS_KEPT, schema.ATTR_HB_SPANS_ANOMALIES, schema.ATTR_HB_SPANS_SAMPLED_OUT)
+    schema.ATTR_HB_SPANS_KEPT, schema.ATTR_HB_SPANS_ANOMALIES, schema.ATTR_HB_SPANS_SAMPLED_OUT,
+    schema.ATTR_HB_THREAD_STACKS)
 if _fold_fast is not None:
     _fold_fast.configure(COMPILED_FOLD_KEYS, tuple(sorted(FLOW_KEYS)), schema.OP_SEND, InFlight, SeqRecord,
                          (schema.ATTR_SPAN_KIND, schema.KIND_HEARTBEAT, schema.ATTR_RANK, schema.RES_JOB_ID,

@@ -4,10 +4,15 @@ above them (what tells a lazy import's deep template compilation from a hang in 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import pytest
 from mycroft.instrumentation.stacks import main_thread_stack, summarize
 from mycroft.rca_service.analysis.pauses import match_phase
 from mycroft.rca_service.config import AnalysisConfig
+
+from mycroft import schema
+from tests.conftest import SpanSink, instrumented_env, run_torchrun
 
 SITE = "/venv/lib/python3.11/site-packages"
 
@@ -69,3 +74,23 @@ def test_the_main_thread_stack_is_read_from_the_frames() -> None:
     assert lines[-1].endswith(" in wait") and len(lines) <= 4 + 16
     assert sum(" in recurse" in line for line in lines) >= 1
     assert any(line.endswith(" in test_the_main_thread_stack_is_read_from_the_frames") for line in lines)
+
+
+@pytest.mark.slow
+def test_the_stack_is_the_issuing_threads_and_the_other_threads_come_beside_it(
+        otlp_sink: tuple[SpanSink, int]) -> None:
+    """Ray Train runs the training in a worker thread: the stuck rank's stack is the worker's (where it is
+    stuck), not the main thread's framework loop; the main thread's stack comes beside it."""
+    sink, port = otlp_sink
+    env = instrumented_env(port, MYCROFT_HEARTBEAT_INTERVAL="0.25", MYCROFT_STACK_AFTER="0.5",
+                           MYCROFT_JOB_ID="worker-thread-stacks")
+    result = run_torchrun(Path(__file__).parent / "jobs" / "worker_thread.py", 2, env, "--stuck-seconds", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sink.wait_for(lambda spans: len({s.rank for s in spans if s.attributes.get(schema.ATTR_HB_FINAL)}) == 2,
+                         15)
+    beats = [s for s in sink.snapshot() if s.rank == 1 and s.kind == schema.KIND_HEARTBEAT
+             and "stuck_in_the_worker_thread" in str(s.attributes.get(schema.ATTR_HB_STACK, ""))]
+    assert beats, "no heartbeat of the stuck rank shows the worker thread's stack"
+    others = str(beats[-1].attributes.get(schema.ATTR_HB_THREAD_STACKS, ""))
+    assert "--- thread MainThread" in others and "framework_main_loop" in others, others
+    assert "--- thread mycroft" not in others  # Mycroft's own threads are left out

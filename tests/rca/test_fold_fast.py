@@ -124,6 +124,9 @@ def _mutate(rng: random.Random, a: dict[str, Any]) -> dict[str, Any]:
             out[schema.ATTR_HB_COUNTER] = max(-1, int(out.get(schema.ATTR_HB_COUNTER, 0)) - rng.randint(1, 3))
         elif choice == 7:
             out[schema.ATTR_HB_STACK] = "frame\n" * rng.randint(0, 40)
+            # the other threads' stacks beside it: folded (and cut) alike, a non-str the Python fold's
+            out[schema.ATTR_HB_THREAD_STACKS] = rng.choice(["--- thread loader\nq.py:3 in get\n" * rng.randint(0, 300),
+                                                            "", 7])
         elif choice == 8:  # a p2p op in flight (send or recv), maybe one already completed
             gid = out[schema.ATTR_HB_GROUP_IDS][0] if out.get(schema.ATTR_HB_GROUP_IDS) else "g"
             out[schema.ATTR_HB_INFLIGHT_GROUP_IDS] = [gid, gid]

@@ -61,3 +61,32 @@ def test_a_different_live_cause_still_replaces_the_story() -> None:
     tracker = _fire_not_entered()
     tracker.observe("j", [_hang([(2, RC_NOT_ENTERED)], "warning")], now=103.0)
     assert _story(tracker) == [(2, RC_NOT_ENTERED)]
+
+
+def test_the_culprits_other_threads_are_on_the_incident() -> None:
+    """The stuck rank's heartbeats carry its other threads' stacks beside its own: the root cause shows both."""
+    from mycroft.rca_service.incidents.engine import Engine
+
+    from mycroft import schema
+    from mycroft.faults.made_up_job import StepJob
+
+    engine, job = Engine(), StepJob("threads", 4)
+    for _ in range(30):
+        engine.ingest(job.steps(1), job.now)
+        engine.ingest(job.heartbeats(job.now, not_entered=range(4), stack=""), job.now)
+        engine.step(job.now)
+    stack = 'ray/train/worker.py:80 in run\ntrain.py:40 in train_loop\ntrain.py:12 in stuck_here'
+    others = "--- thread MainThread\nray/_private/worker.py:900 in main_loop"
+    fired = []
+    t = job.now
+    for _ in range(16):
+        beats = job.heartbeats(t, not_entered=[2], stack=stack)
+        for beat in beats:
+            if beat.rank == 2:
+                beat.attributes[schema.ATTR_HB_THREAD_STACKS] = others
+        engine.ingest(beats, t)
+        fired += [e.incident for e in engine.step(t) if e.action in ("fired", "updated")]
+        t += 0.5
+    causes = [c for incident in fired for c in incident.root_causes if c.get("rank") == 2]
+    assert causes and causes[-1]["evidence"]["stack"] == stack
+    assert causes[-1]["evidence"]["threads"] == others

@@ -1375,8 +1375,8 @@ hot_call(Hot *self, const Call *call)
             PyErr_Clear(); /* a TypeError of set_depth's own: no code ran */
         if (stop.type == NULL) {
             PyErr_Restore(type, exc, tb);
-        } else if (stop.value != exc) { /* the stop goes on, the call's own error as its context */
-            if (stop.value != NULL && exc != NULL)
+        } else { /* the stop goes on, the call's own error as its context */
+            if (stop.value != NULL && exc != NULL && stop.value != exc)
                 PyException_SetContext(stop.value, new_ref(exc));
             Py_XDECREF(type);
             Py_XDECREF(exc);

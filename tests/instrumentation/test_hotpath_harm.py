@@ -170,9 +170,9 @@ def test_a_stop_in_a_new_threads_first_depth_comes_out(job: Job, monkeypatch: py
     once = Once(KeyboardInterrupt)
     init = PerThread.__init__
 
-    def landing(self: PerThread) -> None:
+    def landing(self: PerThread, *args: Any, **kwargs: Any) -> None:
         once()
-        init(self)
+        init(self, *args, **kwargs)
 
     monkeypatch.setattr(PerThread, "__init__", landing)
     before = job.seq()

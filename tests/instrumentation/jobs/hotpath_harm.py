@@ -2,8 +2,9 @@
 and no runtime (records stay to be read). argv: case, rank, world size, a shared folder. Rank 0 prints its
 facts as one JSON line.
 
-then: rank 0 attaches Future.then(callback) to an async all_reduce its peer joins 0.2 s later, so the callback
-  runs on gloo's worker thread (a new Python thread state each time) and issues all_gather_into_tensor there.
+then: rank 0 attaches Future.then(callback) to an async all_reduce its peer joins only then, so the callback
+  runs on one of gloo's two worker threads (a new Python thread state each time) and issues
+  all_gather_into_tensor there.
 other_thread: rank 0's thread T is inside an all_reduce its peer has not joined when the main thread forks;
   the child reports its recorder and runs three collectives of its own on a 1-rank group it makes.
 own_thread (1 rank): the all_reduce's own thread forks inside torch's call (the payload's __torch_function__);
@@ -80,10 +81,13 @@ def main() -> None:
             dist.all_gather_into_tensor(torch.zeros(8 * world), torch.ones(8))
             threads.append(threading.get_ident())
 
-        for _ in range(6):
-            if rank == 1:
-                time.sleep(0.2)  # rank 0's Work completes on its gloo thread, after then() is attached
-            dist.all_reduce(torch.ones(8), async_op=True).get_future().then(callback).wait()
+        for index in range(6):
+            if rank == 1:  # joins once rank 0 has attached its callback: rank 0's Work completes on its gloo thread
+                store.wait([f"attached-{index}"])
+            future = dist.all_reduce(torch.ones(8), async_op=True).get_future().then(callback)
+            if rank == 0:
+                store.set(f"attached-{index}", "1")
+            future.wait()
         main_thread = threading.get_ident()
         facts = {"records": _records(recorder), "callback_threads": [t != main_thread for t in threads],
                  "distinct_threads": len(set(threads))}

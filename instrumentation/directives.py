@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mycroft.instrumentation.control_discovery import OtlpTarget, ask, otlp_target
 from mycroft.instrumentation.startup import host_identity
 from mycroft.instrumentation.thread_names import name_this_thread
 
@@ -53,20 +54,24 @@ RETRY_LOCK_S = 2.0  # a rank that is not the poller tries to become it this ofte
 BACKOFF_S = 5.0  # after a failed poll
 DEFAULT_EXIT_CODE = 75
 MAX_POLLER_GENERATIONS = 4  # successors of a frozen poller per host
+DISCOVERY_RETRY_S = 30.0  # a poller whose OTLP endpoint did not say where the control API is asks again
 HOST_GATHER_S = 3.0  # how long a leaving rank waits for its host's other live ranks to have read the abort
 ABORT = "abort"
 
 
 @dataclass(frozen=True, slots=True)
 class Control:
-    endpoint: str
+    endpoint: str  # "" until found at `discover` (the poller thread asks: control_discovery.ask)
     token: str
+    discover: OtlpTarget | None = None
 
 
 def control_from_env(env: Mapping[str, str]) -> Control | None:
-    """Where to poll and with which token (pure); None when no control endpoint is configured."""
+    """Where to poll and with which token (pure): MYCROFT_CONTROL_ENDPOINT, else the OTLP endpoint to ask
+    where the service's control API is; None when there is neither."""
     endpoint = env.get(ENV_CONTROL_ENDPOINT, "").strip().rstrip("/")
-    if not endpoint:
+    target = None if endpoint else otlp_target(env)
+    if not endpoint and target is None:
         return None
     token = env.get(ENV_CONTROL_TOKEN, "")
     if not token:
@@ -76,7 +81,7 @@ def control_from_env(env: Mapping[str, str]) -> Control | None:
             value = urllib.parse.unquote(value.strip())
             if key.strip().lower() == "authorization" and value.lower().startswith("bearer "):
                 token = value[7:].strip()
-    return Control(endpoint, token)
+    return Control(endpoint, token, target)
 
 
 FILE_PREFIX = "mycroft-"
@@ -219,6 +224,7 @@ class DirectiveWatcher:
         self.polls = 0
         self.failures = 0
         self._failure_logged = False
+        self._discovery_logged = False
 
     # ------------------------------------------------------------------ every rank (runtime thread)
     def check(self) -> dict[str, Any] | None:
@@ -272,8 +278,28 @@ class DirectiveWatcher:
             return
 
     # ------------------------------------------------------------------ the host's poller
+    def _find_endpoint(self) -> bool:
+        """The control API, asked of the OTLP endpoint when none was configured (this thread only: the
+        answer may take seconds); said once either way."""
+        target = self.control.discover
+        if self.control.endpoint or target is None:
+            return bool(self.control.endpoint)
+        found = ask(target, self.control.token)
+        if found is None:
+            if not self._discovery_logged:
+                self._discovery_logged = True
+                log.info("mycroft: %s:%d does not say where its control API is (a collector in front?): actions "
+                         "cannot reach this job until %s is set; asking again every %.0f s",
+                         target.host, target.port, ENV_CONTROL_ENDPOINT, DISCOVERY_RETRY_S)
+            return False
+        self.control = Control(found, self.control.token, target)
+        log.info("mycroft: directives from %s (found at the OTLP endpoint %s:%d)", found, target.host, target.port)
+        return True
+
     def _poll_loop(self) -> None:
         name_this_thread("mycroft-directiv")
+        while not self._stop.is_set() and not self._find_endpoint():
+            self._stop.wait(DISCOVERY_RETRY_S)
         while not self._stop.is_set():
             try:
                 directive = self.poll_once()

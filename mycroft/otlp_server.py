@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from mycroft import schema
 from mycroft.auth import ANONYMOUS_ADMIN, Authenticator, Principal
 from mycroft.http_server import HttpError, HttpLimits, HttpServer, Request, Response, TlsFiles, decode_content
 from mycroft.otlp import (
@@ -150,6 +151,12 @@ def trace_service_handler(export: Callable[[bytes, grpc.ServicerContext], bytes 
     return grpc.method_handlers_generic_handler(TRACE_SERVICE, {"Export": method})
 
 
+def control_handler(where: Callable[[bytes, grpc.ServicerContext], bytes]) -> grpc.GenericRpcHandler:
+    """schema.CONTROL_GRPC_SERVICE/Where, raw bytes in and out (a JSON answer; no protobuf to agree on)."""
+    method = grpc.unary_unary_rpc_method_handler(where, request_deserializer=None, response_serializer=None)
+    return grpc.method_handlers_generic_handler(schema.CONTROL_GRPC_SERVICE, {schema.CONTROL_GRPC_METHOD: method})
+
+
 def grpc_principal(context: grpc.ServicerContext, auth: Authenticator | None,
                    on_reject: RejectHook) -> Principal:
     """The caller's ingest principal, or abort UNAUTHENTICATED / PERMISSION_DENIED."""
@@ -200,8 +207,11 @@ class OtlpReceiver:
                  limits: HttpLimits | None = None, on_reject: RejectHook | None = None,
                  grpc_request_sink: RequestSink | None = None, max_concurrent_rpcs: int = 64,
                  decode_cache: DecodeCache | None = None,
-                 prefilter: Callable[[Any], int] | None = None) -> None:
+                 prefilter: Callable[[Any], int] | None = None,
+                 control: Callable[[], bytes | None] | None = None) -> None:
         self._sink = sink
+        # "where is your control API?" (schema.CONTROL_*): a rank that exports here polls directives there
+        self._control = control
         self._cache = decode_cache  # repeated arrays / resources decoded once (the sink treats values as read-only)
         # gRPC requests pass it before the costly decode (a full or a lean request: both have
         # resource_spans / scope_spans / spans with names), or, decoded by the compiled path, as
@@ -223,6 +233,8 @@ class OtlpReceiver:
         if grpc_address:
             self._grpc_server = grpc_server(self.limits, max_workers, max_concurrent_rpcs)
             self._grpc_server.add_generic_rpc_handlers((trace_service_handler(self._export_grpc),))
+            if control is not None:
+                self._grpc_server.add_generic_rpc_handlers((control_handler(self._control_grpc),))
             try:
                 self.grpc_port = bind_grpc(self._grpc_server, grpc_address, tls)
             except Exception:
@@ -308,9 +320,19 @@ class OtlpReceiver:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         return shed
 
+    def _control_grpc(self, payload: bytes, context: grpc.ServicerContext) -> bytes:
+        answer = self._control() if self._control is not None else None
+        if answer is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "this service runs no control API")
+        return answer or b""
+
     # ------------------------------------------------------------------ HTTP
     def _http_head(self, request: Request) -> Principal:
         """Checks that need no body: path, method, content type, token (before a byte is buffered)."""
+        if self._control is not None and request.path.rstrip("/") == schema.CONTROL_HTTP_PATH:
+            if request.method != "GET":
+                raise HttpError(405, f"GET {schema.CONTROL_HTTP_PATH}", {"Allow": "GET"})
+            return ANONYMOUS_ADMIN  # says only a port: no token needed, nothing else is served
         if request.path.rstrip("/") != "/v1/traces":
             raise HttpError(404, "only /v1/traces is served here")
         if request.method != "POST":
@@ -331,6 +353,11 @@ class OtlpReceiver:
         return principal
 
     def _handle_http(self, request: Request) -> Response:
+        if self._control is not None and request.path.rstrip("/") == schema.CONTROL_HTTP_PATH:
+            where = self._control()
+            if where is None:
+                raise HttpError(503, "this service runs no control API")
+            return Response(200, where, "application/json")
         principal = request.principal if isinstance(request.principal, Principal) else ANONYMOUS_ADMIN
         content_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
         try:

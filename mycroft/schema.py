@@ -540,3 +540,11 @@ def trace_id_hex(trace_id: int) -> str:
 
 def span_id_hex(span_id: int) -> str:
     return f"{span_id:016x}"
+
+
+# --------------------------------------------------------------------------------------
+# The control path found (instrumentation/control_discovery.py): the RCA service answers "where is your
+# control API?" on its OTLP ports, as JSON {"port": N, "scheme": "http"|"https"}
+CONTROL_GRPC_SERVICE: Final = "mycroft.control.v1.Control"  # its unary method CONTROL_GRPC_METHOD, bytes in/out
+CONTROL_GRPC_METHOD: Final = "Where"
+CONTROL_HTTP_PATH: Final = "/mycroft/v1/control"  # GET on the OTLP/HTTP port

@@ -7,6 +7,7 @@ sockets and the database.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import sys
 import threading
@@ -169,7 +170,8 @@ class RcaService:
                                   max_heartbeats=options.max_queued_heartbeats)
         self.receiver = OtlpReceiver(self.ingest.sink, options.otlp_grpc, options.otlp_http, auth=options.auth,
                                      tls=options.tls, limits=options.limits, on_reject=self._rejected,
-                                     decode_cache=DecodeCache(), prefilter=self._shed_before_decode)
+                                     decode_cache=DecodeCache(), prefilter=self._shed_before_decode,
+                                     control=self._control_answer)
         self.alerter = Alerter(self.store, options.webhooks, options.alertmanager, options.webhook_secret,
                                options.external_url)
         self.policy = options.actions or Policy()
@@ -190,6 +192,14 @@ class RcaService:
         self._last_hosts = 0.0
         self._action_series: set[tuple[str, str]] = set()
         self._last_prune = 0.0
+
+    def _control_answer(self) -> bytes | None:
+        """Where the ranks that export here poll their directives: this service's HTTP API, on the host they
+        reach us at (instrumentation/control_discovery.py)."""
+        api = getattr(self, "api", None)
+        if api is None:
+            return None
+        return json.dumps({"port": api.port, "scheme": "https" if self.options.tls else "http"}).encode()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> RcaService:

@@ -29,13 +29,17 @@ def _policy(mode: str) -> Any:
                                                   "min_severity": "critical", "do": ["abort_job"]}]})
 
 
-def _run(mode: str, fault: str, rank: int, timeout_s: float) -> tuple[subprocess.CompletedProcess[str], float, Any]:
-    """(the job's result, when it ended, the hang incident with its actions)."""
+def _run(mode: str, fault: str, rank: int, timeout_s: float,
+         configured: bool = True) -> tuple[subprocess.CompletedProcess[str], float, Any]:
+    """(the job's result, when it ended, the hang incident with its actions). Not `configured`: no
+    MYCROFT_CONTROL_ENDPOINT, the ranks find the control API at the OTLP endpoint they export to."""
     with local_rca(actions=_policy(mode)) as rca:
         work = tempfile.mkdtemp(prefix="mycroft-abort-")
         job = f"abort-{mode}-{fault}-{os.getpid()}"
         env = job_env(rca.otlp_grpc, job, fault, rank, 12, 100_000, os.path.join(work, "onset.json"), 0.5, 0.05)
-        env["MYCROFT_CONTROL_ENDPOINT"] = rca.api
+        env.pop("MYCROFT_CONTROL_ENDPOINT", None)
+        if configured:
+            env["MYCROFT_CONTROL_ENDPOINT"] = rca.api
         command = job_command(NPROC, free_port())
         with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True) as proc:
@@ -51,10 +55,11 @@ def _run(mode: str, fault: str, rank: int, timeout_s: float) -> tuple[subprocess
     return result, ended, incident
 
 
-@pytest.mark.parametrize("fault", ["block", "sigstop"])
-def test_act_every_live_rank_leaves_with_the_exit_code_and_the_line(fault: str) -> None:
+@pytest.mark.parametrize(("fault", "configured"), [("block", False), ("sigstop", True)],
+                         ids=["block-found", "sigstop-configured"])
+def test_act_every_live_rank_leaves_with_the_exit_code_and_the_line(fault: str, configured: bool) -> None:
     rank = 2
-    result, ended, incident = _run("act", fault, rank, 120)
+    result, ended, incident = _run("act", fault, rank, 120, configured)
     assert incident is not None, result.stdout[-3000:]
     actions = {a["action"]: a for a in incident["actions"]}
     assert actions["abort_job"]["mode"] == "act" and actions["abort_job"]["result"] == "done", actions

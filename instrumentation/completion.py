@@ -164,11 +164,11 @@ class CompletionTracker:
                 self.recorder._note_error("completion", exc)
             time.sleep(self.poll_s)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+            self._thread.join(timeout=timeout_s)  # a daemon: one that does not stop in time is left behind
         self._thread = None
 
 

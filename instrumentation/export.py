@@ -2,7 +2,10 @@
 
 An unreachable collector makes the OTLP exporter retry for up to its timeout; that
 happens on this thread only. When the queue is full, new spans are dropped and
-counted, and the drop is logged once.
+counted, and the drop is logged once. At teardown (`close`) the queue gets a bounded
+time to go out, whatever the collector does (down, slow, black-holing): then the
+exporter is stopped, its retries and any request in flight abandoned to the daemon
+thread, and what stayed unsent is counted and said in one line.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from mycroft.otlp_wire import WireEncoder
 
 log = logging.getLogger("mycroft.instrumentation")
 
+# of close()'s time, kept for shutting the exporter down once the queue had its chance
+CLOSE_RESERVE_S = 0.05
 _SCOPE = InstrumentationScope(schema.INSTRUMENTATION_SCOPE, __version__)
 _STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 
@@ -97,11 +102,12 @@ class Shipper:
         self._batch_size = batch_size
         self._delay_s = delay_s
         self._wake = threading.Condition()
-        self._stopping = False
-        self._busy = False
+        self._closed = False  # torn down: the export thread takes no further batch
+        self._in_flight = 0  # spans in the export call under way
         self.exported = 0
         self.dropped_queue_full = 0
         self.dropped_export_failed = 0
+        self.unsent_at_close = 0  # still queued or in flight when close() gave up on the collector
         self._logged: set[str] = set()
         # pre-encoded requests for exporters that take them (wire_exporters.py); the rest get ReadableSpans
         self._wire_capable = callable(getattr(exporter, "export_wire", None))
@@ -128,21 +134,26 @@ class Shipper:
 
     @property
     def dropped(self) -> int:
-        return self.dropped_queue_full + self.dropped_export_failed
+        return self.dropped_queue_full + self.dropped_export_failed + self.unsent_at_close
 
     def _log_once(self, key: str, message: str, *args: object) -> None:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(message, *args)
 
-    def submit(self, records: Sequence[SpanRecord], urgent: bool = False) -> None:
+    def submit(self, records: Sequence[SpanRecord], urgent: bool = False, first: bool = False) -> None:
+        """Queue records for export; `urgent` wakes the export thread now, `first` puts them before
+        what is queued (last words: the next request carries them, whatever waits behind)."""
         room = self._max_queue - len(self._queue)
         if room < len(records):
             self.dropped_queue_full += len(records) - max(room, 0)
             self._log_once("queue", "mycroft: export queue full (%d spans); dropping and counting. "
                            "Is the collector reachable?", self._max_queue)
             records = records[: max(room, 0)]
-        self._queue.extend(records)
+        if first:
+            self._queue.extendleft(reversed(records))
+        else:
+            self._queue.extend(records)
         if urgent or len(self._queue) >= self._batch_size:
             with self._wake:
                 self._wake.notify()
@@ -181,35 +192,61 @@ class Shipper:
         name_this_thread("mycroft-export")
         while True:
             with self._wake:
-                if not self._queue and not self._stopping:
+                if not self._queue and not self._closed:
                     self._wake.wait(self._delay_s)
-            if self._stopping and not self._queue:
-                return
-            batch = self._take_batch()
+                if self._closed:
+                    return
+                batch = self._take_batch()  # under the lock: close() counts either the queue or the batch
+                self._in_flight = len(batch)
             if batch:
-                self._busy = True
                 try:
                     self._export(batch)
                 finally:
-                    self._busy = False
+                    self._in_flight = 0
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until the queue is empty and no export is running, or the timeout passes."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
             self._wake.notify()
-        while (self._queue or self._busy) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return not self._queue and not self._busy
+        while (self._queue or self._in_flight) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return not self._queue and not self._in_flight
+
+    def close(self, timeout_s: float) -> int:
+        """Teardown, bounded by timeout_s whatever the collector does: what is queued goes out until then;
+        then the exporter is shut down (the library's gRPC exporter cancels its request in flight and
+        stops retrying; a request of the HTTP one runs on in the daemon thread, unwaited) and what
+        stayed is counted, said in one line. Returns the spans left unsent."""
+        timeout_s = max(0.0, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        self.flush(timeout_s - min(CLOSE_RESERVE_S, timeout_s / 4))  # the rest: stopping the exporter
+        with self._wake:
+            self._closed = True
+            unsent = len(self._queue) + self._in_flight
+            self._queue.clear()
+            self._wake.notify()
+        self.unsent_at_close += unsent
+        if unsent:
+            log.warning("mycroft: %d spans left unsent at teardown: the collector did not take them in time "
+                        "(down, slow or unreachable?); %d dropped before. The exit did not wait for it.",
+                        unsent, self.dropped - unsent)
+        exporter = self._exporter
+        if exporter is not None:  # its own thread: a user's exporter may block in shutdown()
+            closer = threading.Thread(target=_shut_down, args=(exporter,), name="mycroft-export-close", daemon=True)
+            closer.start()
+            closer.join(max(0.0, deadline - time.monotonic()))
+        if threading.current_thread() is not self._thread:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        return unsent
 
     def shutdown(self, timeout_s: float = 2.0) -> None:
-        self.flush(timeout_s)
-        self._stopping = True
-        with self._wake:
-            self._wake.notify()
-        self._thread.join(timeout=timeout_s)
-        if self._exporter is not None:
-            try:
-                self._exporter.shutdown()
-            except Exception:
-                pass
+        """Send what is queued (timeout_s at most), then close."""
+        self.close(timeout_s)
+
+
+def _shut_down(exporter: Any) -> None:
+    try:
+        exporter.shutdown()
+    except Exception as exc:
+        log.debug("mycroft: exporter shutdown raised %r", exc)

@@ -66,6 +66,13 @@ ENTRY_DUMP_GAP_MAX_S = 4.0
 HOST_SYNC_OPEN_S = 0.5
 # a functional collective whose call lasts this long waits inside it for its peers (DETAIL's checks)
 BLOCKED_CALL_NS = 200_000_000
+# Teardown (destroy_process_group, interpreter exit, a caught signal, uninstrument) waits this long at most
+# for the last words to go out, whatever the collector does; a healthy one takes them in milliseconds. Then
+# the exporter is stopped within TEARDOWN_CLOSE_S and what stayed unsent is counted (export.Shipper.close).
+# Together under the 0.5 s that teardown may add to the job's (docs/instrumentation.md, "Never harm").
+TEARDOWN_S = 0.3
+TEARDOWN_CLOSE_S = 0.05
+LAST_WORDS_FLUSH_S = 0.05  # the final heartbeat's own chance, however long the step under way held teardown
 # The runtime thread wakes every BUSY_TICK_S while an op's completion is being polled (its span's end
 # time is the poll's), else once per frontier read: each wake costs ~100 us cold, and spans drained in
 # fewer, fuller batches cost half as much per op (docs/instrumentation.md, "Fewer, fuller ticks")
@@ -585,8 +592,10 @@ class Runtime:
         return span
 
     # ------------------------------------------------------------------ shutdown
-    def final(self, exit_reason: str, timeout_s: float = 2.0) -> None:
-        """Last words: pending spans, in-flight ops as in_flight spans, a final heartbeat."""
+    def final(self, exit_reason: str, timeout_s: float = TEARDOWN_S) -> None:
+        """Last words: pending spans, in-flight ops as in_flight spans, a final heartbeat; timeout_s bounds
+        it all (the wait for the step under way and the collector's)."""
+        deadline = time.monotonic() + timeout_s
         if not self._final_sent.acquire(blocking=False):
             return
         try:
@@ -596,9 +605,9 @@ class Runtime:
             self._stop.set()
             # the runtime thread's step under way ends first (not for ever: a thread stuck in a dump must
             # not hold the last words back)
-            stepping = self._stepping.acquire(timeout=1.0)
+            stepping = self._stepping.acquire(timeout=max(0.0, deadline - time.monotonic()))
             try:
-                self._last_words(exit_reason, timeout_s)
+                self._last_words(exit_reason, deadline)
             finally:
                 if stepping:
                     self._stepping.release()
@@ -608,12 +617,13 @@ class Runtime:
         if pending and threading.current_thread() is threading.main_thread():
             self._reraise(pending)
 
-    def _last_words(self, exit_reason: str, timeout_s: float) -> None:
+    def _last_words(self, exit_reason: str, deadline: float) -> None:
         with contextlib.suppress(Exception):  # what the device finished since the last poll
             self.recorder.completion.poll()
             if self._fr_ops or self.recorder.funcol_device:
                 self._read_frontier()
-        self._drain_ops()
+        with contextlib.suppress(Exception):
+            self._drain_ops()
         with contextlib.suppress(Exception):  # and what NCCL finished (held records go as they are)
             self._native_next_try = 0.0
             if self.config.native:  # also when the reader is not open yet: it opens in the drain
@@ -624,8 +634,9 @@ class Runtime:
         now = time.time_ns()
         leftovers = [op_span(record, self.job_id, self.rank, end_ns=now)
                      for record in self.recorder.snapshot_inflight()]
-        self.shipper.submit([*leftovers, self._heartbeat(now, final_reason=exit_reason)], urgent=True)
-        self.shipper.flush(timeout_s)
+        # before whatever is queued: the next request carries them (a slow collector may take only one)
+        self.shipper.submit([*leftovers, self._heartbeat(now, final_reason=exit_reason)], urgent=True, first=True)
+        self.shipper.flush(max(LAST_WORDS_FLUSH_S, deadline - time.monotonic()))
 
     def _abort(self, directive: dict[str, Any]) -> None:
         """The RCA service's abort_job: one line naming the root cause, last words, groups aborted, exit."""
@@ -650,17 +661,30 @@ class Runtime:
 
     def _atexit(self) -> None:
         with contextlib.suppress(Exception):
-            self.final(exit_reason="exit")
-            self.shutdown()
+            self.teardown(exit_reason="exit")
 
-    def shutdown(self) -> None:
+    def teardown(self, exit_reason: str, timeout_s: float = TEARDOWN_S + TEARDOWN_CLOSE_S) -> None:
+        """The last words and the shutdown, in timeout_s together whatever the collector does."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.final(exit_reason=exit_reason, timeout_s=max(0.0, timeout_s - TEARDOWN_CLOSE_S))
+        finally:
+            self.shutdown(timeout_s=max(TEARDOWN_CLOSE_S, deadline - time.monotonic()))
+
+    def shutdown(self, timeout_s: float = TEARDOWN_CLOSE_S) -> None:
+        """Stop the threads and the exporter (what is still queued gets what is left of timeout_s, then is
+        counted unsent); a thread that does not stop in time is a daemon, left behind."""
+        deadline = time.monotonic() + timeout_s
         self._stop.set()
+        with contextlib.suppress(Exception):
+            atexit.unregister(self._atexit)
         if self._directives is not None:
-            self._directives.stop()
-        self.recorder.completion.stop()
+            with contextlib.suppress(Exception):
+                self._directives.stop()
+        self.recorder.completion.stop(timeout_s=max(0.0, deadline - time.monotonic()))
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=2.0)
-        self.shipper.shutdown()
+            self._thread.join(timeout=max(0.0, min(0.01, deadline - time.monotonic())))
+        self.shipper.close(max(0.0, deadline - time.monotonic()))
         if self._native is not None:
             with contextlib.suppress(Exception):
                 self._native.close()
@@ -672,5 +696,3 @@ class Runtime:
             with contextlib.suppress(Exception):
                 signal.set_wakeup_fd(-1)
             self._wakeup_r = None
-        with contextlib.suppress(Exception):
-            atexit.unregister(self._atexit)

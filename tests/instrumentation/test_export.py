@@ -157,7 +157,7 @@ def test_a_full_queue_drops_and_counts_never_blocks(caplog: pytest.LogCaptureFix
     try:
         shipper.submit(_spans(5))  # the export thread takes these and waits at the gate
         deadline = time.monotonic() + 5
-        while not shipper._busy and time.monotonic() < deadline:
+        while not shipper._in_flight and time.monotonic() < deadline:
             time.sleep(0.005)
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="mycroft.instrumentation"):

@@ -178,7 +178,8 @@ class RcaService:
         self.board = DirectiveBoard()
         self.board.load(self.store.directives(time.time()))
         self.actions = ActionRunner(options.actions, self.store, self.board, on_done=self._action_done,
-                                    poll_window_s=2 * options.directive_max_wait_s + 5.0) \
+                                    poll_window_s=2 * options.directive_max_wait_s + 5.0,
+                                    live_ranks=self._live_ranks) \
             if options.actions is not None else None
         try:
             self.api = ApiServer(self, options.http, auth=options.auth, tls=options.tls)
@@ -332,6 +333,17 @@ class RcaService:
                     seen[key] = (min(first, rank.first_seen), max(last, rank.last_seen))
         if seen:
             self.store.note_hosts_seen((host, job, first, last) for (host, job), (first, last) in seen.items())
+
+    def _live_ranks(self, job_id: str) -> int | None:
+        """How many ranks of the job are alive now (no final heartbeat, not silent); None: job unknown.
+        A requeue / cancel waits for none to be left after an abort (incidents/actions.py)."""
+        from .analysis.triggers import ALIVE, statuses
+
+        with self._lock:
+            job = self.engine.jobs.get(job_id)
+            if job is None:
+                return None
+            return sum(1 for status in statuses(job, time.time(), self.options.analysis).values() if status == ALIVE)
 
     def _action_done(self, incident_id: str) -> None:
         """An action finished: receivers that were paged hear what was done (an update of the incident)."""

@@ -8,6 +8,12 @@
         subprocess.run(["sbatch", ...], env=slurm_cluster.env)          # or any command
         slurm_cluster.root                                              # temp dir, cwd of run()
         slurm_cluster.node                                              # the node's name
+        slurm_cluster.hostname                                          # this machine's (NodeHostname)
+
+`start_slurm_cluster(node="node17")` names the node otherwise than the host (NodeName=node17
+NodeHostname=<host>, slurmd -N node17), as clusters whose node names are not their host names do:
+tasks then see SLURMD_NODENAME=node17, and scontrol / srun --exclude take node17. The fixture
+`slurm_node17` is such a cluster.
 
 Everything lives in a fresh temporary directory: a munge key and munged (its own socket,
 named to SLURM by ``AuthInfo=socket=...``), slurm.conf, the controller's state, slurmd's
@@ -64,9 +70,10 @@ def free_port() -> int:
 class SlurmCluster:
     """A running cluster: ``env``, ``node``, ``run(...)``; see the module's docstring."""
 
-    def __init__(self, root: Path, node: str, cpus: int) -> None:
+    def __init__(self, root: Path, node: str, cpus: int, hostname: str | None = None) -> None:
         self.root = root
         self.node = node
+        self.hostname = hostname or socket.gethostname()
         self.cpus = cpus
         self.partition = PARTITION
         self.conf = root / "etc" / "slurm.conf"
@@ -171,7 +178,7 @@ class SlurmCluster:
         self.conf.write_text("\n".join([
             "# written by tests/slurm_cluster.py",
             "ClusterName=test",
-            f"SlurmctldHost={node}(127.0.0.1)",
+            f"SlurmctldHost={self.hostname}(127.0.0.1)",   # slurmctld checks it is this host
             f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={self.slurmd_port}",
             "SlurmUser=root",
@@ -209,7 +216,7 @@ class SlurmCluster:
             "SlurmdTimeout=60",
             "MessageTimeout=10",
             "TreeWidth=16",
-            f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} {self._topology()} State=UNKNOWN",
+            f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname={self.hostname} {self._topology()} State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",
         ]))
@@ -395,14 +402,15 @@ def _zombie(pid: int, comm: bytes | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def start_slurm_cluster(timeout: float = STARTUP_TIMEOUT_S) -> Iterator[SlurmCluster]:
-    """A running cluster for the with-block; torn down at its end, also on failure."""
+def start_slurm_cluster(timeout: float = STARTUP_TIMEOUT_S, node: str | None = None) -> Iterator[SlurmCluster]:
+    """A running cluster for the with-block; torn down at its end, also on failure. `node`: the
+    node's SLURM name (default: this host's name)."""
     reason = missing_requirements()
     if reason:
         raise RuntimeError(reason)
     for attempt in (1, 2):
         root = Path(tempfile.mkdtemp(prefix="mycroft-slurm-"))
-        cluster = SlurmCluster(root, socket.gethostname(), os.cpu_count() or 1)
+        cluster = SlurmCluster(root, node or socket.gethostname(), os.cpu_count() or 1)
         try:
             cluster.start(timeout)
         except BaseException as exc:
@@ -427,4 +435,15 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
     require("slurm")  # skips on a developer's machine, fails under CI=true / ./dev.sh test
     with start_slurm_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def slurm_node17() -> Iterator[SlurmCluster]:
+    """A real single-node cluster whose node is named node17, not this host's name (NodeHostname
+    is): what SLURM calls the node differs from gethostname(), as on many real clusters."""
+    from tests.components import require
+
+    require("slurm")
+    with start_slurm_cluster(node="node17") as cluster:
         yield cluster

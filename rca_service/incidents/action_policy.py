@@ -123,7 +123,15 @@ class Rule:
 class SlurmConfig:
     scontrol: str = "scontrol"
     scancel: str = "scancel"
+    squeue: str = "squeue"  # a kill after an abort also waits for the job's task steps to end
     timeout_s: float = 10.0
+    # a requeue / cancel after an abort of the same incident waits until the job's live ranks have
+    # left (final heartbeat or silent, then the job's task steps ended: squeue), at most this long
+    # after the abort was published: delivery
+    # to the host's poller (< 2 s, a frozen poller's successor included), the rank's next tick, its
+    # final heartbeat (<= 1 s), the wait for its host's ranks (<= 3 s, HOST_GATHER_S) and the process
+    # groups' abort (<= 1 s) take ~7 s at most; the rest is a loaded node's slack
+    kill_after_abort_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,10 +285,12 @@ def parse_policy(document: Any, source: str = "actions policy") -> Policy:
         per_host=_limit(limits.get("per_host") or {}, f"{source}: limits.per_host", policy.per_host),
         fleet=_limit(limits.get("fleet") or {}, f"{source}: limits.fleet", policy.fleet))
     if "slurm" in m:
-        s = _mapping(m["slurm"], f"{source}: slurm", ("scontrol", "scancel", "timeout_s"))
+        s = _mapping(m["slurm"], f"{source}: slurm", ("scontrol", "scancel", "squeue", "timeout_s",
+                                                          "kill_after_abort_s"))
         policy = replace(policy, slurm=SlurmConfig(
-            str(s.get("scontrol", "scontrol")), str(s.get("scancel", "scancel")),
-            _number(s.get("timeout_s", 10.0), f"{source}: slurm.timeout_s", 0.1, 300)))
+            str(s.get("scontrol", "scontrol")), str(s.get("scancel", "scancel")), str(s.get("squeue", "squeue")),
+            _number(s.get("timeout_s", 10.0), f"{source}: slurm.timeout_s", 0.1, 300),
+            _number(s.get("kill_after_abort_s", 10.0), f"{source}: slurm.kill_after_abort_s", 0, 600)))
     if "kubernetes" in m:
         k = _mapping(m["kubernetes"], f"{source}: kubernetes", ("api_server", "token_file", "ca_file", "timeout_s"))
         server = k.get("api_server")
@@ -429,6 +439,32 @@ def cause_line(incident: Mapping[str, Any], limit: int = 240) -> str:
     return (text if len(text) + len(tail) <= limit else text[: limit - len(tail) - 1] + "\u2026") + tail
 
 
+def slurm_reason(incident: Mapping[str, Any], limit: int = 200) -> str:
+    """The drain reason SLURM shows: what fits `sinfo -R`'s default 20-character column first
+    ("mycroft hang: rank 2 not_entered ..."), printable ASCII only (SLURM shows other bytes as '?'),
+    the incident id once, at the end, cut to `limit` with "..." before it. The whole text is the
+    incident's (its root cause's evidence)."""
+    causes = incident.get("root_causes") or []
+    head = f"mycroft {incident.get('kind')}:"
+    if causes:
+        top = causes[0]
+        more = f" (+{len(causes) - 1} more)" if len(causes) > 1 else ""
+        text = f"{head} {cause_who(top)} {top.get('kind')}{more}: {(top.get('evidence') or {}).get('text', '')}"
+    else:
+        text = f"{head} {incident.get('summary', '')}"
+    text = " ".join(_ascii(text).split())
+    tail = f"; incident {incident.get('id')}"
+    if len(text) + len(tail) > limit:
+        text = text[: max(0, limit - len(tail) - 3)].rstrip() + "..."
+    return text + tail
+
+
+def _ascii(text: str) -> str:
+    """Printable ASCII: an ellipsis as '...', a double quote as a single one, anything else dropped."""
+    text = str(text).replace("\u2026", "...").replace('"', "'")
+    return "".join(ch if " " <= ch <= "~" else " " if ch in "\t\r\n" else "" for ch in text)
+
+
 def _node_targets(spec: ActionSpec, incident: Mapping[str, Any]) -> tuple[list[str], str]:
     """The hosts a node action applies to, or ([], why not)."""
     causes = [c for c in incident.get("root_causes") or [] if c.get("kind") in spec.causes
@@ -520,7 +556,7 @@ def decide(incident: Mapping[str, Any], policy: Policy, history: History,
                 for host in hosts:
                     if spec.name == DRAIN_NODE:
                         params: dict[str, Any] = {
-                            "reason": f"mycroft: {incident.get('id')} {cause_line(incident, 160)}"[:200],
+                            "reason": slurm_reason(incident),
                             "requeue": spec.requeue, "cancel": spec.cancel, "slurm_job_id": facts.slurm_job_id}
                         plans.append((host, host, params, ""))
                     else:
@@ -548,4 +584,7 @@ def decide(incident: Mapping[str, Any], policy: Policy, history: History,
                         counted.append(Recent(now, base_job(job), spec.name, host))
                 out.append(PlannedAction(str(incident.get("id")), job, spec.name, target, host, mode, rule.name,
                                          result, detail, params, now, now + rule.delay_s))
+    # the abort first, whatever order the rules list them in: a requeue or cancel (drain_node) kills the
+    # ranks, and waits for the abort's ranks to leave (actions.py); stable, so the rest keep their order
+    out.sort(key=lambda planned: planned.action != ABORT_JOB)
     return out

@@ -9,6 +9,12 @@ drain, cordon) and recorded as interrupted if not (exec). An action whose incide
 before it ran is cancelled. abort_job publishes a directive (store + directives.DirectiveBoard)
 that the job's ranks long-poll; drain_node / cordon_node / exec go through
 scheduler_actions (commands from argument lists, bounded in time, never raising).
+
+Order: an incident's abort runs first (decide puts it first); a drain_node runs at once, and its
+requeue / cancel (which kill the ranks) waits until the job's live ranks have left on the abort
+(their final heartbeats; a frozen or dead rank is not live) or `slurm.kill_after_abort_s` passed
+since the abort was published -- on a thread of its own, so other incidents' actions do not wait:
+a scheduler's SIGTERM that beats the abort kills a rank before it prints its line and exits 75.
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ class ActionRunner:
 
     def __init__(self, policy: Policy, store: Store, board: DirectiveBoard, *,
                  on_done: Callable[[str], None] | None = None, poll_window_s: float = 125.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 live_ranks: Callable[[str], int | None] | None = None) -> None:
         self.policy = policy
         self.store = store
         self.board = board
@@ -83,6 +90,8 @@ class ActionRunner:
         self.poll_window_s = poll_window_s  # a job whose ranks poll was polled within this (2 x max wait + slack)
         self.clock = clock
         self.started_at = clock()
+        self.live_ranks = live_ranks  # job -> how many of its ranks are alive now (None: job unknown)
+        self._killers: list[threading.Thread] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,6 +125,8 @@ class ActionRunner:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        for killer in self._killers:
+            killer.join(timeout=5.0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -151,9 +162,20 @@ class ActionRunner:
             self.store.set_action(row.id, result, detail, self.clock())
         elif row.action == ABORT_JOB:
             result, detail = self._abort(row, now)
+        elif row.action == DRAIN_NODE and self._kills(row) and self._abort_of(row.incident) is not None:
+            # the drain at once, the kill once the abort's ranks have left: on a thread, the others go on
+            killer = threading.Thread(target=self._drain_then_kill, args=(row, doc), daemon=True,
+                                      name="mycroft-rca-kill")
+            self._killers = [k for k in self._killers if k.is_alive()] + [killer]
+            killer.start()
+            return RUNNING
         else:
             result, detail = self._execute(row, doc)
             self.store.set_action(row.id, result, detail, self.clock())
+        self._done(row, result, detail)
+        return result
+
+    def _done(self, row: ActionRow, result: str, detail: str) -> None:
         (log.warning if result in (DONE, UNDELIVERABLE) else log.error)(
             "action %s %s for incident %s: %s (%s)", row.action, row.target, row.incident, result, detail[:300])
         if self.on_done is not None:
@@ -161,7 +183,60 @@ class ActionRunner:
                 self.on_done(row.incident)
             except Exception:
                 log.exception("follow-up of action %s failed", row.id)
-        return result
+
+    def _drain_then_kill(self, row: ActionRow, incident: dict[str, Any]) -> None:
+        try:
+            result, detail = self._execute(row, incident)
+        except Exception as exc:  # never leave the row running
+            log.exception("action %s %s failed", row.action, row.target)
+            result, detail = FAILED, f"{exc!r}"
+        self.store.set_action(row.id, result, detail, self.clock())
+        self._done(row, result, detail)
+
+    @staticmethod
+    def _kills(row: ActionRow) -> bool:
+        params = row.params
+        return bool((params.get("requeue") or params.get("cancel")) and params.get("slurm_job_id"))
+
+    def _abort_of(self, incident: str) -> dict[str, Any] | None:
+        """This incident's abort_job, when one was decided to run (owed, running or published to polling
+        ranks): a kill waits for it. An abort nobody can receive (undeliverable) is not waited for."""
+        for action in self.store.actions_of([incident]).get(incident, []):
+            if action["action"] == ABORT_JOB and action["result"] in (OWED, RUNNING, DONE):
+                return dict(action)
+        return None
+
+    def await_abort(self, row: ActionRow, poll_s: float = 0.05) -> str:
+        """Hold a kill (requeue / cancel) of `row`'s job until the incident's abort has been published, none
+        of the job's ranks is alive any more and the job's task steps have ended (squeue), or
+        `slurm.kill_after_abort_s` after the abort was published (after the kill was due, while it is
+        not); what was waited for, in words."""
+        began = self.clock()
+        bound = self.policy.slurm.kill_after_abort_s
+        while not self._stop.is_set():
+            abort = self._abort_of(row.incident)
+            if abort is None:
+                return ""
+            now = self.clock()
+            published = abort["result"] == DONE
+            deadline = (float(abort.get("at_unix") or now) if published else began) + bound
+            live = self.live_ranks(row.job) if self.live_ranks is not None and published else None
+            steps: list[str] | None = []
+            if published and (live is None or live <= 0):
+                # every rank said goodbye; its process exits a moment later (its host's gather, the groups'
+                # abort): SLURM says when -- the step ends once its last task has exited
+                slurm = self.policy.slurm
+                steps = sched.slurm_job_steps(str(row.params.get("slurm_job_id")), squeue=slurm.squeue,
+                                              timeout_s=min(slurm.timeout_s, max(0.1, deadline - now)))
+                if not steps:
+                    how = "" if steps is not None else "; squeue did not tell the steps"
+                    return f"after the abort's ranks left ({self.clock() - began:.1f}s{how})"
+            if now >= deadline:
+                still = "the abort not published yet" if not published else \
+                    f"{live} rank(s) still alive" if live else f"step(s) {', '.join(steps or [])} still running"
+                return f"after {bound:g}s (slurm.kill_after_abort_s; {still})"
+            self._stop.wait(poll_s)
+        return "at the service's stop"
 
     def _abort(self, row: ActionRow, now: float) -> tuple[str, str]:
         params = row.params
@@ -198,11 +273,14 @@ class ActionRunner:
                     parts.append(f"no SLURM job id reported by the ranks ({schema.RES_SLURM_JOB_ID}): "
                                  f"not {'requeued' if params.get('requeue') else 'cancelled'}")
                 else:
+                    waited = self.await_abort(row)
                     more = sched.slurm_requeue(job_id, scontrol=slurm.scontrol, timeout_s=slurm.timeout_s) \
                         if params.get("requeue") else \
                         sched.slurm_cancel(job_id, scancel=slurm.scancel, timeout_s=slurm.timeout_s)
-                    ok = ok and more.ok
-                    parts.append(more.detail)
+                    # a job that ended meanwhile (its script ended with the srun step the abort ended) is cancelled
+                    ended = not more.ok and params.get("cancel") and "already completing or completed" in more.detail
+                    ok = ok and (more.ok or bool(ended))
+                    parts.append(f"{more.detail} ({waited})" if waited else more.detail)
             return (DONE if ok else FAILED), "; ".join(parts)
         if row.action == CORDON_NODE:
             kube = self.policy.kubernetes

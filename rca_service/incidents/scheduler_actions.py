@@ -12,6 +12,7 @@ SLURM (``scontrol`` / ``scancel`` from the PATH, or the paths given):
     slurm_resume(node)          scontrol update nodename=<node> state=resume
     slurm_requeue(job_id)       scontrol requeue <job_id>
     slurm_cancel(job_id)        scancel <job_id>
+    slurm_job_steps(job_id)     squeue -h -s -j <job_id> -o %i  (its running steps: the tasks' lives)
 
 The drain reason is one argument ``reason=<text>``: made a single line of printable ASCII,
 double quotes turned into single ones (scontrol strips a leading / trailing ``"``), at most
@@ -192,6 +193,21 @@ def run_exec(argv: Sequence[str], stdin_json: bytes, timeout_s: float, *,
     if isinstance(argv, str | bytes) or not argv:
         return ActionResult(False, "run_exec: argv must be a non-empty list of arguments")
     return _run_command([str(arg) for arg in argv], stdin_json, timeout_s, env)
+
+
+def slurm_job_steps(job_id: str, *, squeue: str = "squeue", timeout_s: float = 10.0,
+                    env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The job's task steps still running (``12.0``, ``12.1``; not ``12.batch`` / ``12.extern``): a step
+    ends when its last task has exited. None when squeue cannot tell (not found, failed, timed out)."""
+    try:
+        _check_job(job_id)
+        done = subprocess.run([squeue, "-h", "-s", "-j", str(job_id), "-o", "%i"], capture_output=True, text=True,
+                              timeout=timeout_s, env=dict(env) if env is not None else None, check=False)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return [] if "Invalid job id" in done.stderr else None  # a job that ended and left squeue runs no step
+    return [step for step in done.stdout.split()[:1000] if step.rpartition(".")[2].isdigit()]
 
 
 def _run_built(build: Callable[[], list[str]], timeout_s: float, env: Mapping[str, str] | None) -> ActionResult:

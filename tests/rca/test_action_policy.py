@@ -26,8 +26,10 @@ from mycroft.rca_service.incidents.action_policy import (
     decide,
     load_policy,
     parse_policy,
+    slurm_reason,
     untrusted_because,
 )
+from mycroft.rca_service.incidents.scheduler_actions import sanitize_reason
 
 ACTING = """
 mode: act
@@ -122,8 +124,31 @@ def test_drain_the_host_of_a_lost_rank_with_requeue() -> None:
     drain = next(p for p in planned if p.action == DRAIN_NODE)
     assert drain.result == OWED and drain.target == drain.host == "node5"
     assert drain.params["requeue"] and drain.params["slurm_job_id"] == "42"
-    assert drain.params["reason"].startswith("mycroft: inc1 rank 5 (process_lost)")
+    assert drain.params["reason"] == "mycroft crash: rank 5 process_lost: rank 5 stopped reporting; incident inc1"
     assert "scontrol requeue 42" in drain.detail
+
+
+def test_slurm_reason_fits_sinfo_first_ascii_incident_once() -> None:
+    """What `sinfo -R` shows in its default 20-character column comes first; ASCII; the id once, last."""
+    long_text = "rank 2 is alive but has not entered \u2026 the op \u00e9 " + "x" * 400
+    incident = _incident(causes=[(2, "not_entered", {"text": long_text}), (3, "not_entered", {"text": "y"})])
+    reason = slurm_reason(incident)
+    assert reason[:20] == "mycroft hang: rank 2"
+    assert reason.startswith("mycroft hang: rank 2 not_entered (+1 more): "
+                             "rank 2 is alive but has not entered ... the op")
+    assert len(reason) == 200 and reason.endswith("...; incident inc1")
+    assert reason.count("inc1") == 1 and all(" " <= ch <= "~" for ch in reason)
+    assert sanitize_reason(reason) == reason  # scontrol gets it as is
+
+
+def test_abort_is_decided_first_whatever_the_rule_order() -> None:
+    policy = parse_policy(yaml.safe_load("mode: act\nrules: [{kinds: [crash], do: [{drain_node: {cancel: true}}]},"
+                                         " {kinds: [crash], do: [abort_job]}]"))
+    planned = decide(_incident("crash", causes=LOST), policy, History(100.0), JobFacts(slurm_job_id="42"))
+    assert [p.action for p in planned] == [ABORT_JOB, DRAIN_NODE]
+    assert policy.slurm.kill_after_abort_s == 10.0
+    bounded = parse_policy({"slurm": {"kill_after_abort_s": 3}})
+    assert bounded.slurm.kill_after_abort_s == 3.0
 
 
 def test_observe_records_what_would_be_done() -> None:

@@ -314,7 +314,8 @@ suspects: {{min_incidents: 2, window_s: 86400}}
         assert first["result"] == "done" and first["target"] == "lemon", first
         assert second["result"] == "rate_limited" and "per_host" in second["detail"], second
         lines = calls.read_text().splitlines()
-        assert lines[0].startswith("update nodename=lemon state=drain reason=mycroft: ") and "process_lost" in lines[0]
+        assert lines[0].startswith("update nodename=lemon state=drain reason=mycroft hang: rank 2 process_lost: ")
+        assert lines[0].count("incident ") == 1
         assert lines[1:] == ["requeue 4242"]
         service.note_hosts()
         hosts_doc = {h["host"]: h for h in get_json(f"{api}/api/v1/hosts")}

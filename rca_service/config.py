@@ -166,6 +166,9 @@ class AnalysisConfig:
     # a not-entered holder outside communication for less than this, at a stack where the job does not
     # pause, is a warning: a step slowed by load reads the same for a second; critical if it stays out
     page_idle_min_s: float = 2.0
+    # a not-entered rank whose stack moves and that has been outside communication for less than this many
+    # times its usual longest stretch outside it (a step's compute) is late, not a cause (verdict._late_why)
+    late_step_factor: float = 2.0
     # incidents that fire while an earlier critical one of the job is open (or resolved less than
     # this long ago) and name only lost / exited ranks are its consequences (teardown, aborted peers)
     consequence_window_s: float = 120.0

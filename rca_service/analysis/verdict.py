@@ -304,6 +304,10 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
                         causes.append(rc)
                     continue
             rc = _rank_evidence(job, node[1], sink_status, now, cfg)
+            if sink_status == ALIVE and rc.kind == RC_NOT_ENTERED:
+                why = _late_why(job, node[1], sink.path[-2] if len(sink.path) > 1 else None, now, cfg)
+                if why:
+                    rc.evidence["late"] = why  # still on its way to the op: not a cause beside one that is
         else:
             members = _op_members(job, node)
             if not members:
@@ -320,6 +324,11 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
         rc.evidence["longest_wait_chain"] = " -> ".join(wfg.describe(n, job) for n in sink.longest)
         rc.evidence["blocked_ranks"] = sink.blast
         causes.append(rc)
+    if any(not rc.evidence.get("late") for rc in causes):
+        causes = [rc for rc in causes if not rc.evidence.get("late")]
+    elif any(not str(rc.evidence["late"]).startswith("behind") for rc in causes):
+        # every one still on its way: those behind a laggard of their group are not even next
+        causes = [rc for rc in causes if not str(rc.evidence["late"]).startswith("behind")]
     if any(rc.rank is not None for rc in causes):
         # a p2p both sides issued that does not complete, beside a rank that holds its peers: on gloo a
         # posted p2p completes, as far as anyone sees, only in wait(), and a rank with several posted
@@ -358,6 +367,48 @@ def _waited_ops(job: JobState, found: list[wfg.Sink], limit: int = 32) -> list[s
         if len(ops) >= limit:
             break
     return list(ops)
+
+
+def _late_why(job: JobState, rank_id: int, via: wfg.Node | None, now: float, cfg: AnalysisConfig) -> str:
+    """Why an alive rank that has not entered the op its peers wait in is late rather than a cause
+    ('' when it is not): on a loaded node a healthy rank still computing toward the collective (DDP's
+    backward before its last buckets) reads as not entered while the first rank already waits.
+    - behind a laggard: another member of that group issued fewer of its ops; a group's ops complete
+      in order, so the op this rank has not issued waits on that member's earlier one first;
+    - computing: its stack moves from heartbeat to heartbeat and it has been outside communication for
+      less than late_step_factor x its usual longest stretch outside communication (its op timeline)."""
+    rank = job.ranks.get(rank_id)
+    if rank is None:
+        return ""
+    if via is not None and via[0] == "c":
+        gid = str(via[1])
+        mine = rank.issued.get(gid, 0)
+        group = job.groups.get(gid)
+        for member in (group.ranks if group is not None else ())[:4096]:
+            other = job.ranks.get(member)
+            if member != rank_id and other is not None and other.issued.get(gid, 0) < mine:
+                return (f"behind rank {member}: it issued op {mine} of group {_group_name(job, gid)}, rank {member} "
+                        f"only {other.issued.get(gid, 0)}; the group's ops complete in order")
+    usual = _usual_out_s(rank.timeline)
+    idle = rank.idle_at(now)
+    if usual <= 0.0 or not rank.stack.strip() or idle >= cfg.late_step_factor * usual:
+        return ""
+    if _stack_still_s(job, rank_id, rank.stack, now) >= cfg.startup_still_intervals * rank.hb_interval:
+        return ""  # one line for heartbeats on end: blocked there, however short its steps were
+    return (f"computing: outside communication {idle:.1f}s, its usual longest stretch {usual:.1f}s, its stack "
+            f"moving")
+
+
+def _usual_out_s(timeline: Any) -> float:
+    """The longest stretch outside communication between a rank's recent completed ops (its timeline of
+    (start, end, group, seq), its own clock): a step's compute. 0.0 with fewer than two such stretches."""
+    gaps: list[float] = []
+    end: float | None = None
+    for start, stop, _, _ in sorted(timeline):
+        if end is not None and start > end:
+            gaps.append(start - end)
+        end = stop if end is None else max(end, stop)
+    return max(gaps) if len(gaps) >= 2 else 0.0
 
 
 def _in_group_setup(job: JobState, rank_id: int, cfg: AnalysisConfig) -> bool:
@@ -427,6 +478,9 @@ def _hang_severity(job: JobState, causes: list[RootCause], now: float, cfg: Anal
         compiling = rank.phase == schema.PHASE_COMPILING
         if not compiling and not rank.stack.strip() and idle < cfg.stack_wait_s + rank.hb_interval:
             pending.append(rc.rank)
+            continue
+        if rc.evidence.get("late"):
+            young.append(rc.rank)  # every cause named is still on its way to the op: none holds it yet
             continue
         verdict = pauses_mod.classify(rc.rank, rank.stack, idle, job.pauses, cfg, compiling)
         if verdict is None and not any(rank.completed.values()) and idle < cfg.startup_budget_s and \

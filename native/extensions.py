@@ -104,9 +104,12 @@ def sanitized_env(out: Path, cc: str | None = None, base: dict[str, str] | None 
     runtime = runtime_library(cc) if cc else None
     if runtime is None:
         raise RuntimeError(f"no ASan runtime from {cc!r} -print-file-name=libasan.so")
+    # libstdc++ too: torch loads it by dlopen, after ASan's __cxa_throw interceptor found no real
+    # __cxa_throw, and the first C++ exception (torch's own errors) then fails an ASan CHECK
+    cxx = runtime_library(cc, "libstdc++.so.6") if cc else None
     env = dict(os.environ if base is None else base)
     env.update({
-        "LD_PRELOAD": " ".join(p for p in (str(runtime), env.get("LD_PRELOAD", "")) if p),
+        "LD_PRELOAD": " ".join(str(p) for p in (runtime, cxx, env.get("LD_PRELOAD", "")) if p),
         "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1:print_summary=1",
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
         "PYTHONMALLOC": "malloc",

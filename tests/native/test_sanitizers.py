@@ -1,4 +1,7 @@
-"""ASan/UBSan replays and a TSan multi-threaded stress of the plugin (make asan / make tsan)."""
+"""ASan/UBSan replays and a TSan multi-threaded stress of the plugin (make asan / make tsan).
+
+Where the compiler cannot build and run sanitized code these skip on a developer's run and fail,
+naming what is missing, under CI=true or MYCROFT_TEST_STRICT=1 (tests/native/sanitize.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pytest
 from mycroft.native import BUILD_DIR, LIBRARY_NAME
 from mycroft.native.emulate import Fault, finish_rank, job_scripts, start_rank
 
+from . import sanitize
 from .conftest import make
 from .test_chain import SCRIPT as CHAIN_SCRIPT
 from .test_edges import EDGES
@@ -21,17 +25,6 @@ from .test_v7 import V7
 SAN_ERRORS = ("ERROR: AddressSanitizer", "runtime error:", "WARNING: ThreadSanitizer", "ERROR: LeakSanitizer")
 
 
-def _sanitizer_works(flag: str, tmp: Path) -> bool:
-    """Skip only when this compiler cannot build and run a sanitized program at all."""
-    src = tmp / "probe.c"
-    src.write_text("#include <pthread.h>\nstatic void* f(void* a){return a;}\n"
-                   "int main(void){pthread_t t; pthread_create(&t,0,f,0); pthread_join(t,0); return 0;}\n")
-    exe = tmp / f"probe{abs(hash(flag))}"
-    if subprocess.run(["cc", flag, "-pthread", str(src), "-o", str(exe)], capture_output=True).returncode:
-        return False
-    return subprocess.run([str(exe)], capture_output=True).returncode == 0
-
-
 def _clean(result: subprocess.CompletedProcess[str] | str) -> None:
     text = result if isinstance(result, str) else result.stderr
     assert not [e for e in SAN_ERRORS if e in text], text[-4000:]
@@ -41,16 +34,14 @@ def _clean(result: subprocess.CompletedProcess[str] | str) -> None:
 
 @pytest.fixture(scope="module")
 def asan(built: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if not _sanitizer_works("-fsanitize=address,undefined", tmp_path_factory.mktemp("probe")):
-        pytest.skip("compiler lacks the ASan/UBSan runtime")
+    sanitize.require("-fsanitize=address,undefined", tmp_path_factory.mktemp("probe"))
     make("asan")
     return BUILD_DIR / "asan" / "driver", BUILD_DIR / "asan" / LIBRARY_NAME
 
 
 @pytest.fixture(scope="module")
 def tsan(built: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if not _sanitizer_works("-fsanitize=thread", tmp_path_factory.mktemp("probe")):
-        pytest.skip("compiler lacks the TSan runtime")
+    sanitize.require("-fsanitize=thread", tmp_path_factory.mktemp("probe"))
     make("tsan")
     return BUILD_DIR / "tsan" / "driver", BUILD_DIR / "tsan" / LIBRARY_NAME
 
@@ -122,6 +113,55 @@ def test_asan_ubsan_stress(asan: tuple[Path, Path], ring_dir: Path) -> None:
     driver, library = asan
     _clean(subprocess.run([str(driver), "stress", str(library), "1500"], capture_output=True, text=True,
                           env=_env(ring_dir), timeout=120))
+
+
+@pytest.mark.parametrize("ci", [{"CI": "true"}, {"MYCROFT_TEST_STRICT": "1"}])
+def test_a_missing_toolchain_fails_under_ci_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       ci: dict[str, str]) -> None:
+    """The probe's verdict when the compiler is missing: under CI / strict a failure naming it, never a skip."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("MYCROFT_TEST_STRICT", raising=False)
+    monkeypatch.setenv("CC", "no-such-cc-43")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang either
+    with pytest.raises(pytest.skip.Exception, match="no C compiler"):
+        sanitize.require("-fsanitize=address,undefined", tmp_path)
+    for key, value in ci.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(pytest.fail.Exception, match=r"no C compiler.*apt-get install gcc.*fails rather than skips"):
+        sanitize.require("-fsanitize=address,undefined", tmp_path)
+
+
+@pytest.mark.parametrize("ci", [True, False])
+def test_a_compiler_without_the_runtime_fails_the_sanitizer_tests_under_ci(built: Path, tmp_path: Path,
+                                                                           ci: bool) -> None:
+    """End to end: `cc` on PATH cannot link the sanitizers (a wrapper that refuses -fsanitize, as a
+    compiler without libasan does): the ASan tests fail under CI=true naming it, and skip otherwise.
+    (Before issue 43 they skipped under CI too.)"""
+    import shutil
+    import sys
+
+    real = shutil.which("cc")
+    assert real is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "cc"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do case $a in -fsanitize=*) echo 'cannot find -lasan' >&2; "
+                    f"exit 1;; esac; done\nexec {real} \"$@\"\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "MYCROFT_TEST_STRICT", "CC")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    if ci:
+        env["CI"] = "true"
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+                             "tests/native/test_sanitizers.py::test_asan_ubsan_stress"], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=300)
+    out = result.stdout + result.stderr
+    assert "cannot build a program (cannot find -lasan)" in out, out[-3000:]
+    if ci:
+        assert result.returncode != 0 and "1 error" in out and "skipped" not in out, out[-3000:]
+    else:
+        assert result.returncode == 0 and "1 skipped" in out, out[-3000:]
 
 
 def test_tsan_stress_proxy_threads_main_thread_publisher_and_reader(tsan: tuple[Path, Path],

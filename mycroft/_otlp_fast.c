@@ -1018,22 +1018,38 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "mycroft._otlp_fast",
-    "Compiled OTLP wire helpers: the RCA receivers' traces decoder (mycroft/otlp.py, DecodeCache.decode) and the "
-    "ranks' span attribute encoder (mycroft/otlp_wire.py).", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__otlp_fast(void) {
-    if (PyType_Ready(&MemoType) < 0 || PyType_Ready(&TemplateType) < 0) return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL) return NULL;
+/* Multi-phase init, for the slots. Free-threaded CPython (3.13t): this module needs the GIL, and says so
+ * (Py_MOD_GIL_USED: importing it there enables the GIL for the process, with a RuntimeWarning). Without
+ * the GIL it would race: the short-string cache (short_strings) is process-global and unsynchronized, a
+ * Memo is a plain hash table that decode() and memo_put mutate, and decode() walks borrowed references
+ * (PyTuple_GET_ITEM, PyList_GET_ITEM, a memo entry's key and value) that another thread could drop.
+ * Static types and process-global caches: one interpreter only. */
+static int module_exec(PyObject *m) {
+    if (PyType_Ready(&MemoType) < 0 || PyType_Ready(&TemplateType) < 0) return -1;
     Py_INCREF(&MemoType);
     if (PyModule_AddObject(m, "Memo", (PyObject *)&MemoType) < 0) {
         Py_DECREF(&MemoType);
-        Py_DECREF(m);
-        return NULL;
+        return -1;
     }
-    return m;
+    return 0;
 }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "mycroft._otlp_fast",
+    "Compiled OTLP wire helpers: the RCA receivers' traces decoder (mycroft/otlp.py, DecodeCache.decode) and the "
+    "ranks' span attribute encoder (mycroft/otlp_wire.py).", 0, methods,
+    module_slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__otlp_fast(void) { return PyModuleDef_Init(&module); }

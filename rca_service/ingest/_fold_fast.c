@@ -785,17 +785,39 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "mycroft.rca_service.ingest._fold_fast",
-    "The RCA's compiled heartbeat fold (see rca_service/ingest/state.py, _apply_heartbeat).", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__fold_fast(void) {
+/* Multi-phase init, for the slots. Free-threaded CPython (3.13t): this module needs the GIL, and says so
+ * (Py_MOD_GIL_USED: importing it there enables the GIL for the process, with a RuntimeWarning). Without
+ * the GIL it would race: configure() swaps the process-global key tables fold() reads, and a fold is a
+ * sequence of reads and writes on the RCA's state objects (a rank's dicts and lists, read through borrowed
+ * references: PyDict_GetItem, PyList_GET_ITEM) that must not interleave with another thread's. The
+ * service folds under its own lock today; the GIL is what makes each C-API step safe. Process-global
+ * state: one interpreter only. */
+static int module_exec(PyObject *m) {
+    (void)m;
+    if (empty_str != NULL) return 0; /* a second module object (re-import): the atoms are made once (last one set) */
     for (int i = 0; i < N_ATTRS; i++)
-        if ((names[i] = PyUnicode_InternFromString(ATTR_NAMES[i])) == NULL) return NULL;
+        if ((names[i] = PyUnicode_InternFromString(ATTR_NAMES[i])) == NULL) return -1;
     if ((zero = PyLong_FromLong(0)) == NULL || (one = PyLong_FromLong(1)) == NULL ||
         (minus_one = PyLong_FromLong(-1)) == NULL || (empty_str = PyUnicode_FromString("")) == NULL)
-        return NULL;
-    return PyModule_Create(&module);
+        return -1;
+    return 0;
 }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#ifdef Py_mod_multiple_interpreters
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#ifdef Py_mod_gil
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "mycroft.rca_service.ingest._fold_fast",
+    "The RCA's compiled heartbeat fold (see rca_service/ingest/state.py, _apply_heartbeat).", 0, methods,
+    module_slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fold_fast(void) { return PyModuleDef_Init(&module); }

@@ -2,6 +2,7 @@
 # One entry point for the README's two commands; safe to run again.
 #   ./dev.sh demo   - set up, then run the end-to-end demo (traced job, injected fault, RCA verdict)
 #   ./dev.sh test   - set up, then run lint, types and the whole test suite
+#   ./dev.sh quick  - the subset for every edit (< 2 min): ruff, then the in-process tests, fuzzers left out
 #   ./dev.sh setup  - only set up (.venv, packages, native plugin, test services)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -100,5 +101,11 @@ case "$cmd" in
     # coverage of the pytest process, its total printed at the end (docs/testing.md)
     MYCROFT_TEST_STRICT=1 exec .venv/bin/python -m pytest -q -p no:cacheprovider \
       --cov --cov-report=term:skip-covered "$@" ;;
-  *) sed -n '2,6p' "$0"; exit 2 ;;
+  quick)
+    setup
+    .venv/bin/ruff check .
+    # in-process only (tests/conftest.py fails a test not marked slow that starts a process), no fuzzers:
+    # what an edit can break in seconds; ./dev.sh test runs everything (docs/testing.md)
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider -x -m "not slow and not fuzz" "$@" ;;
+  *) sed -n '2,7p' "$0"; exit 2 ;;
 esac

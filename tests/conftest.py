@@ -110,6 +110,9 @@ def run_torchrun(script: Path | str, nproc: int, env: dict[str, str], *args: str
 MIN_FULL_SUITE = 700
 # ... and the same for the fast in-process run (`-m "not slow"`: 602 on 2026-12-03)
 MIN_FAST_SUITE = 570
+# ... and `./dev.sh quick` (in-process, no fuzzers)
+QUICK_MARKS = "not slow and not fuzz"
+MIN_QUICK_SUITE = 600
 SEED_ENV = "MYCROFT_TEST_SEED"
 
 _current: pytest.Item | None = None  # the test being set up / run / torn down (for _must_be_slow)
@@ -196,6 +199,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every hypothesis test is a fuzz test (`./dev.sh quick` leaves them out: they run in the full suite)."""
+    fuzz = pytest.mark.fuzz
+    for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(fuzz)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A full run that collects (almost) nothing is a broken suite, not a green one."""
     config = session.config
@@ -203,7 +214,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not full_run or config.option.keyword:
         return
     markexpr = (config.option.markexpr or "").strip()
-    minimum = MIN_FULL_SUITE if not markexpr else MIN_FAST_SUITE if markexpr == "not slow" else 0
+    minimum = {"": MIN_FULL_SUITE, "not slow": MIN_FAST_SUITE, QUICK_MARKS: MIN_QUICK_SUITE}.get(markexpr, 0)
     if len(session.items) < minimum:
         raise pytest.UsageError(f"only {len(session.items)} tests collected; the suite has more than "
                                 f"{minimum}: a collection problem")

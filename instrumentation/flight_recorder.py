@@ -28,8 +28,9 @@ import json
 import logging
 import pickle
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,15 @@ _DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "I
                 "Byte": 1, "Bool": 1}
 
 
+_TORCH_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
+                 "short": "int16", "char": "int8", "byte": "uint8"}
+
+
+def torch_dtype_name(fr_dtype: str) -> str:
+    """The Flight Recorder's dtype ("float", as FrEntry holds it) as a Python call's span names it ("float32")."""
+    return _TORCH_DTYPES.get(fr_dtype, fr_dtype)
+
+
 def op_family(profiling_name: str) -> str:
     """"nccl:all_reduce" -> "all_reduce" (the contract's op families)."""
     name = profiling_name.rsplit(":", 1)[-1].lower()
@@ -163,25 +173,37 @@ class FrEntry:
     dtype: str
     created_ns: int
     pg_id: str = ""  # this process's id of the backend that recorded it
+    completed_ns: int = 0  # when the backend saw it complete (NCCL's watchdog); 0: not said (gloo never does)
 
 
 def parse_active(text: str | bytes | Doc) -> list[FrEntry]:
     """Collectives still in flight in a dump (pure): entries not completed (NCCL's `onlyActive`
     dump holds only those; gloo's holds them all, as "scheduled")."""
+    return parse_collectives(text, active_only=True)
+
+
+def parse_collectives(text: str | bytes | Doc, active_only: bool = False) -> list[FrEntry]:
+    """The collectives a dump holds, whatever their state (pure); p2p entries left out."""
     doc = _doc(text)
     out: list[FrEntry] = []
     for e in doc.get("entries", []) if isinstance(doc, dict) else []:
         try:
-            if e.get("is_p2p") or e.get("state") == "completed":
+            if e.get("is_p2p") or (active_only and e.get("state") == "completed"):
                 continue
-            sizes = e.get("input_sizes") or [[]]
-            dtype = str((e.get("input_dtypes") or [""])[0])
-            count = 1
-            for dim in sizes[0] if sizes else []:
-                count *= int(dim)
+            sizes = e.get("input_sizes") or []
+            dtypes = [str(d) for d in e.get("input_dtypes") or []]
+            dtype = dtypes[0] if dtypes else ""
+            nbytes = 0
+            for i, shape in enumerate(sizes):  # every input (a coalesced op has several)
+                count = 1
+                for dim in shape:
+                    count *= int(dim)
+                nbytes += count * _DTYPE_BYTES.get(dtypes[i] if i < len(dtypes) else dtype, 0)
             out.append(FrEntry(str(e["process_group"][0]), int(e["collective_seq_id"]),
-                               op_family(str(e.get("profiling_name", ""))), count * _DTYPE_BYTES.get(dtype, 0),
-                               dtype.lower(), int(e.get("time_created_ns", 0)), str(e.get("pg_id", ""))))
+                               op_family(str(e.get("profiling_name", ""))), nbytes,
+                               dtype.lower(), int(e.get("time_created_ns") or 0), str(e.get("pg_id", "")),
+                               int(e.get("time_discovered_completed_ns") or 0)
+                               if e.get("state") == "completed" else 0))
         except (KeyError, TypeError, ValueError, IndexError):
             continue
     return out
@@ -254,22 +276,28 @@ class FrontierReader:
         self.reads = 0
         self.entry_reads = 0
         self.entry_read_s = 0.0  # the last entries read's duration: what the next one will cost the GIL
+        self.entry_read_total_s = 0.0  # every entries read's, together (the dumps' duty cycle)
         self.name_reads = 0
 
     @property
     def available(self) -> bool:
         return bool(self._dumps)
 
-    def read(self, counters: Callable[[], dict[str, int]] | None = None) -> dict[str, tuple[int, int]]:
+    def read(self, counters: Callable[[], dict[str, int]] | None = None,
+             learn_now: bool = False) -> dict[str, tuple[int, int]]:
         """{pg name: (last enqueued, last completed)}: pg_status only (small). `counters` (group name ->
-        torch's counter, read right after) names the backends that record without a name."""
+        torch's counter, read right after) names the backends that record without a name; `learn_now`:
+        an id not named yet is looked up whatever the back-off (last words)."""
         merged: dict[str, tuple[int, int]] = {}
         for dump in list(self._dumps):
             status = self._call(dump, False, False, parse_pg_status)
             if not status:
                 continue
             names = self._names.setdefault(dump, {})
-            if any(key not in names for key in status):
+            # an id that enqueued nothing has no entry to name it yet: looking would only start the back-off
+            if any(key not in names and value[0] > 0 for key, value in status.items()):
+                if learn_now:
+                    self._learn_at.pop(dump, None)
                 self._learn(dump, names)
             unnamed = self._unnamed.get(dump)
             if unnamed is not None and counters is not None:
@@ -288,17 +316,25 @@ class FrontierReader:
     def read_active(self) -> list[FrEntry]:
         """The collectives the Flight Recorder holds as not completed (entries; onlyActive), each named
         by its group (an unnamed backend's by what UnnamedIds learned)."""
+        return self.read_entries(active_only=True)
+
+    def read_entries(self, active_only: bool = False) -> list[FrEntry]:
+        """The collectives the Flight Recorder holds (all of them, or only those not completed: NCCL's
+        onlyActive dump is small), each (group, seq) once: a later dump wins (NCCL's for NCCL groups).
+        The read's duration (it holds the GIL) is kept: what the next one will cost."""
         self.entry_reads += 1
         began = time.perf_counter()
-        out: list[FrEntry] = []
+        found: dict[tuple[str, int], FrEntry] = {}
+        parse = parse_active if active_only else parse_collectives
         for dump in list(self._dumps):
             names = self._names.get(dump, {})
-            for entry in self._call(dump, True, True, parse_active) or []:
+            for entry in self._call(dump, True, active_only, parse) or []:
                 if not entry.group and entry.pg_id in names:
                     entry = dataclasses.replace(entry, group=names[entry.pg_id])
-                out.append(entry)
+                found[(entry.group, entry.seq)] = entry
         self.entry_read_s = time.perf_counter() - began
-        return out
+        self.entry_read_total_s += self.entry_read_s
+        return list(found.values())
 
     def _learn(self, dump: Callable[..., Any], names: dict[str, str]) -> None:
         now = time.monotonic()
@@ -323,3 +359,171 @@ class FrontierReader:
             log.info("mycroft: a Flight Recorder dump is unavailable (%r); Mycroft sees only the "
                      "collectives issued from Python through it", exc)
             return None
+
+
+# A group's unexplained seqs wait for an entries dump that names them: this many dumps that hold
+# none of a seq's entries (its group unnamed there, or an entry torch never wrote) and it is lost
+UNMATCHED_DUMPS = 3
+NOTED_MAX = 65536  # seqs noted for a group the frontier has not reported yet, at most
+
+
+@dataclass(slots=True)
+class _Trail:
+    """One group's completed collectives as the frontier saw them (FrCoverage)."""
+
+    covered: int = 0  # every seq up to here is accounted for: a Python record, a span built, or lost
+    known: set[int] = field(default_factory=set)  # seqs above `covered` something else records
+    completed: int = -1  # the last completed seq pg_status gave, and when it was read
+    read_ns: int = 0
+    # (completed through, previous read, this read): the reads between which the frontier passed each seq
+    advances: deque[tuple[int, int, int]] = field(default_factory=deque)
+    misses: dict[int, int] = field(default_factory=dict)  # seq -> dumps that held no entry of it
+    forgot: bool = False  # `known` overflowed before the frontier first reported the group
+
+
+@dataclass(frozen=True, slots=True)
+class FrDone:
+    """A completed collective that only the Flight Recorder recorded: its entry and when it ended.
+
+    end_ns is the backend's completion time where the entry gives one (NCCL: the watchdog's), else
+    the first frontier read that found it completed; it ended within window_ns before end_ns (gloo:
+    the reads' interval; 0 where the entry gave the time)."""
+
+    gid: str
+    entry: FrEntry
+    end_ns: int
+    window_ns: int
+
+
+class FrCoverage:
+    """Which completed collectives no Python call of ours recorded, and when they ended (pure state).
+
+    Fed on the runtime thread: `observe` at each pg_status read (per group, its last completed seq),
+    `note` for each seq something else records (a Python call's record, an op adopted in flight). A
+    seq the frontier passed that nothing noted is unexplained (DDP's buckets, its unused-parameter
+    all-reduce, coalesced broadcasts, compiled code's collectives: issued from C++). An entries dump
+    names them (`resolve`): each gets an FrDone, ended between the two frontier reads around its
+    completion (gloo's entries never say when: they stay "scheduled"); a seq older than every entry
+    the dump holds of its group was overwritten in the Flight Recorder's ring before it was read:
+    counted in `lost`, never guessed."""
+
+    def __init__(self) -> None:
+        self._trails: dict[str, _Trail] = {}
+        self.lost = 0  # unexplained seqs whose entries the ring no longer held (or never named)
+        self.built = 0  # FrDone answered
+
+    def observe(self, gid: str, completed: int, read_ns: int) -> None:
+        trail = self._trails.get(gid)
+        if trail is None:
+            trail = self._trails[gid] = _Trail()
+        if trail.completed < 0 and trail.forgot:
+            trail.covered = max(trail.covered, completed)  # its history was forgotten: covered from here on
+        if completed > trail.completed:
+            if completed > trail.covered:
+                trail.advances.append((completed, trail.read_ns, read_ns))
+            trail.completed = completed
+        trail.read_ns = read_ns
+
+    def note(self, gid: str, seq: int) -> None:
+        trail = self._trails.get(gid)
+        if trail is None:
+            trail = self._trails[gid] = _Trail()
+        if seq > trail.covered:
+            known = trail.known
+            known.add(seq)
+            if trail.completed < 0 and len(known) > NOTED_MAX:
+                # a group the frontier does not report (yet): what it did before its first report is forgotten
+                known.clear()
+                trail.forgot = True
+
+    def unexplained(self, known_now: AbstractSet[tuple[str, int]] = frozenset(),
+                    settled_before_ns: int | None = None) -> dict[str, list[int]]:
+        """{gid: completed seqs nothing recorded}; `known_now`: (gid, seq) recorded but not noted yet
+        (Python ops in flight or not drained). `settled_before_ns`: only seqs a read before then found
+        completed (a Python op's record is drained and noted a tick after it completed: looking
+        later spares the runtime the look at every record not drained yet). Groups with none move
+        their `covered` on."""
+        out: dict[str, list[int]] = {}
+        for gid, trail in self._trails.items():
+            if trail.completed <= trail.covered:
+                continue
+            through = trail.completed
+            if settled_before_ns is not None:
+                through = trail.covered
+                for advanced, _, read_ns in trail.advances:
+                    if read_ns > settled_before_ns:
+                        break
+                    through = advanced
+                if through <= trail.covered:
+                    continue
+            known = trail.known
+            waiting = [seq for seq in range(trail.covered + 1, through + 1)
+                       if seq not in known and (gid, seq) not in known_now]
+            if waiting:
+                out[gid] = waiting
+                self._settle(trail, waiting[0] - 1)
+            else:
+                self._settle(trail, through)
+        return out
+
+    def resolve(self, names: dict[str, str], entries: list[FrEntry],
+                known_now: AbstractSet[tuple[str, int]] = frozenset(),
+                settled_before_ns: int | None = None) -> list[FrDone]:
+        """The unexplained seqs an entries dump names, as FrDone; `names`: torch's group name -> gid.
+        Those older than what the dump holds of their group are lost (the ring wrapped), as are those
+        UNMATCHED_DUMPS dumps did not name."""
+        by_seq: dict[str, dict[int, FrEntry]] = {}
+        for entry in entries:
+            gid = names.get(entry.group)
+            if gid is not None:
+                by_seq.setdefault(gid, {})[entry.seq] = entry
+        out: list[FrDone] = []
+        for gid, waiting in self.unexplained(known_now, settled_before_ns).items():
+            trail = self._trails[gid]
+            held = by_seq.get(gid, {})
+            oldest = min(held) if held else None
+            for seq in waiting:
+                found = held.get(seq)
+                if found is not None:
+                    out.append(self._done(gid, trail, found))
+                    trail.known.add(seq)
+                    trail.misses.pop(seq, None)
+                elif oldest is not None and seq < oldest:
+                    self.lost += 1
+                    trail.known.add(seq)
+                else:
+                    misses = trail.misses[seq] = trail.misses.get(seq, 0) + 1
+                    if misses >= UNMATCHED_DUMPS:
+                        self.lost += 1
+                        trail.known.add(seq)
+                        del trail.misses[seq]
+        self.unexplained(known_now, settled_before_ns)  # move `covered` over what was just settled
+        self.built += len(out)
+        return out
+
+    def pending(self) -> int:
+        """Unexplained seqs waiting for a dump (as of the last `unexplained`)."""
+        return sum(max(0, t.completed - t.covered) for t in self._trails.values())
+
+    @staticmethod
+    def _done(gid: str, trail: _Trail, entry: FrEntry) -> FrDone:
+        if entry.completed_ns:
+            return FrDone(gid, entry, max(entry.completed_ns, entry.created_ns), 0)
+        after, before = 0, trail.read_ns
+        for through, previous_ns, read_ns in trail.advances:
+            if through >= entry.seq:
+                after, before = previous_ns, read_ns
+                break
+        after = max(after, entry.created_ns)
+        before = max(before, after)
+        return FrDone(gid, entry, before, before - after)
+
+    @staticmethod
+    def _settle(trail: _Trail, through: int) -> None:
+        if through <= trail.covered:
+            return
+        trail.covered = through
+        if trail.known and min(trail.known) <= through:
+            trail.known = {seq for seq in trail.known if seq > through}
+        while trail.advances and trail.advances[0][0] <= through:
+            trail.advances.popleft()

@@ -37,7 +37,7 @@ from mycroft.instrumentation.directives import (
     reap_stopped_siblings,
 )
 from mycroft.instrumentation.export import Shipper, exporter_from_env
-from mycroft.instrumentation.flight_recorder import FrontierReader
+from mycroft.instrumentation.flight_recorder import FrCoverage, FrDone, FrontierReader, torch_dtype_name
 from mycroft.instrumentation.recorder import OpRecord, Recorder
 from mycroft.instrumentation.sampling import TraceBudget
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span, op_trace_id, readable
@@ -61,6 +61,14 @@ FRONTIER_PERIOD_S = 0.25  # Flight Recorder pg_status reads (~0.01 ms each) and 
 ENTRY_DUMP_GAP_S = 1.0
 ENTRY_DUMP_SHARE = 0.02
 ENTRY_DUMP_GAP_MAX_S = 4.0
+# Completed collectives no Python call recorded (DDP's buckets, ...) are named by full entries dumps, taken
+# only while such seqs wait, at most FULL_DUMP_SHARE of the wall time (spaced by the last dump's own cost)
+# and at least FULL_DUMP_GAP_S apart: the training thread waits for the GIL while torch dumps
+FULL_DUMP_SHARE = 0.005
+FULL_DUMP_GAP_S = 1.0
+# a completed seq is looked at once a read this long ago found it completed: the drains between noted the
+# Python ops' records (a tick is IDLE_TICK_S at most)
+SETTLE_NS = 400_000_000
 # a host-synchronous op (gloo) no Python call of ours issued is looked up once it stayed open this long:
 # a healthy C++ op (a DDP bucket) ends before; a stuck one is named well before the RCA's 1 s hang minimum
 HOST_SYNC_OPEN_S = 0.5
@@ -100,6 +108,11 @@ def next_entry_dump(now_s: float, last_cost_s: float) -> float:
     """When the next entries read may come: ENTRY_DUMP_GAP_S after this one, longer where a read costs
     more than ENTRY_DUMP_SHARE of that (it holds the GIL), never over ENTRY_DUMP_GAP_MAX_S."""
     return now_s + min(ENTRY_DUMP_GAP_MAX_S, max(ENTRY_DUMP_GAP_S, last_cost_s / ENTRY_DUMP_SHARE))
+
+
+def next_full_dump(now_s: float, last_cost_s: float) -> float:
+    """When the next full entries dump may come: its cost spaced to FULL_DUMP_SHARE of the time."""
+    return now_s + max(FULL_DUMP_GAP_S, last_cost_s / FULL_DUMP_SHARE)
 
 
 def negotiate_job_id(configured: str | None) -> str:
@@ -218,6 +231,10 @@ class Runtime:
         # recent collectives of device-async groups: the evidence that maps NCCL communicators to groups
         self._py_ops: collections.deque[PyOp] = collections.deque(maxlen=512)
         self._fr_ops: dict[tuple[str, int], OpRecord] = {}  # collectives only the Flight Recorder saw
+        # completed collectives no Python call recorded, spanned from full entries dumps (flight_recorder.py)
+        self._coverage = FrCoverage()
+        self._next_full_dump = 0.0
+        self._fr_windows: dict[OpRecord, int] = {}  # their records -> the window their end lies in (ns)
         self._directives: DirectiveWatcher | None = None
         control = control_from_env(os.environ)
         if control is not None:
@@ -375,21 +392,35 @@ class Runtime:
         budget = self.budget
         keep, add_digest, job_id = budget.keep, self._digests.add, self.job_id
         p2p_ops, trace_ids = schema.P2P_OPS, schema.collective_trace_ids
+        # collectives recorded here are explained to the Flight Recorder's coverage; the ones it built itself
+        # (windows) come seconds late, so the budget decides them as a stream of their own, in seq order
+        note = self._coverage.note if self._frontier.available else None
+        windows, keep_slow_ns = self._fr_windows, budget.keep_slow_ns
         for record in records:
             gid = record.group.gid
+            window = windows.pop(record, None) if windows else None
             if record.op in p2p_ops:
                 trace_id = op_trace_id(record, job_id)
                 stream = (gid, record.src, record.dst)
+            elif window is not None:
+                trace_id, stream = trace_ids(job_id, gid)(record.seq), (gid, -2, -2)
             else:
                 dtype = record.dtype
                 add_digest(gid, record.seq, record.op, record.bytes, readable(dtype) if dtype is not None else "")
+                if note is not None:
+                    note(gid, record.seq)
                 if record.device:
                     self._py_ops.append(PyOp(gid, record.seq, record.op, record.start_ns, record.call_end_ns))
                 trace_id, stream = trace_ids(job_id, gid)(record.seq), (gid, -1, -1)
-            if keep(trace_id, stream, record.seq, record.state, record.start_ns, record.end_ns):
+            # the Flight Recorder's own: measured by its enqueue times, which members share as they share ends
+            end_ns = record.end_ns if window is None or record.end_ns - record.start_ns >= keep_slow_ns \
+                else record.start_ns
+            if keep(trace_id, stream, record.seq, record.state, record.start_ns, end_ns):
                 span = op_span(record, job_id, self.rank, trace_id=trace_id)
                 if budget.kept_probability < 1.0:
                     span.attributes[schema.ATTR_SAMPLE_PROBABILITY] = budget.kept_probability
+                if window is not None:
+                    span.attributes[schema.ATTR_END_WINDOW_S] = round(window / 1e9, 6)
                 spans.append(span)
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
         urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
@@ -464,9 +495,11 @@ class Runtime:
         groups = self.recorder.groups.all()
         if not groups or not self._frontier.available:
             return
-        status = self._frontier.read(lambda: {info.name: info.counter() for info in groups})
+        status = self._frontier.read(lambda: {info.name: info.counter() for info in groups},
+                                     learn_now=self._final_done)
         if not status:
             return
+        read_ns = time.time_ns()
         tracker = self.recorder.completion
         workless = tracker.workless_groups()
         for info in groups:
@@ -474,6 +507,7 @@ class Runtime:
             if frontier is None:
                 continue
             info.fr_enqueued, info.fr_completed = info.collective_frontier(*frontier)
+            self._coverage.observe(info.gid, info.fr_completed, read_ns)
             if info.gid in workless:
                 tracker.complete_through(info.gid, info.fr_completed, schema.TIMING_FLIGHT_RECORDER)
         self._cover_cpp_ops(groups)
@@ -489,6 +523,12 @@ class Runtime:
         once (onlyActive is small there); on host-synchronous ones (gloo, whose entries never
         retire) only once such a seq stayed open HOST_SYNC_OPEN_S: a healthy job's C++ ops finish
         long before. Dumps are spaced by their own cost (ENTRY_DUMP_SHARE).
+
+        Every such collective gets a span, the ones that completed between two reads too (FrCoverage:
+        a DDP bucket nearly always does): once seqs the frontier passed wait unexplained, a full
+        entries dump (at most FULL_DUMP_SHARE of the time, and one in the last words) names them; each
+        becomes a done record, started at its enqueue, ended as its entry says (NCCL) or at the first
+        read that found it completed (gloo: `mycroft.end_window_s` says since when).
         """
         recorder = self.recorder
         for key, record in list(self._fr_ops.items()):
@@ -500,32 +540,64 @@ class Runtime:
                     not any(r.group is info and r.seq <= info.fr_completed for r in recorder.snapshot_inflight()):
                 info.completed = info.fr_completed
                 info.issued = max(info.issued, info.fr_completed)
+        coverage = self._coverage
+        known: set[tuple[str, int]] | None = None
+        # completed seqs nothing recorded, found completed a drain ago (last words: all of them); a first
+        # look with only what was drained, nearly always enough
+        settled = None if self._final_done else time.time_ns() - SETTLE_NS
+        waiting = coverage.unexplained(settled_before_ns=settled)
+        if waiting:
+            known = self._known_ops()
+            waiting = coverage.unexplained(known, settled)
         open_groups = [info for info in groups if info.fr_enqueued > info.fr_completed]
-        if not open_groups:
-            self._unknown_open.clear()
+        unknown: list[tuple[Any, int]] = []
+        now_s = time.monotonic()
+        if open_groups:
+            if known is None:
+                known = self._known_ops()
+            unknown = [(info, seq) for info in open_groups
+                       for seq in range(max(info.fr_completed, info.completed) + 1, info.fr_enqueued + 1)
+                       if (info.gid, seq) not in known]
+        seen = {(info.gid, seq): self._unknown_open.get((info.gid, seq), now_s) for info, seq in unknown}
+        self._unknown_open = seen
+        open_due = bool(unknown) and entry_dump_due(
+            [(info.device_async, seen[(info.gid, seq)]) for info, seq in unknown], now_s, self._next_entry_dump)
+        # last words take one whatever the spacing: the last steps' buckets completed since the last dump
+        full_due = bool(waiting) and (now_s >= self._next_full_dump or self._final_done)
+        if not open_due and not full_due:
             return
+        entries = self._frontier.read_entries(active_only=not full_due)  # NCCL's onlyActive is small
+        cost = self._frontier.entry_read_s
+        self._next_entry_dump = next_entry_dump(time.monotonic(), cost)
+        if full_due:
+            self._next_full_dump = next_full_dump(time.monotonic(), cost)
+        if unknown:
+            self._adopt_open(unknown, entries)
+        if full_due:
+            infos = {info.gid: info for info in groups}
+            for done in coverage.resolve({info.name: info.gid for info in groups}, entries, known or set(), settled):
+                self._queue_fr_done(infos[done.gid], done)
+            if self._final_done:  # last words: the heartbeat that called this is the last drain's
+                self._drain_ops()
+
+    def _known_ops(self) -> set[tuple[str, int]]:
+        """(gid, seq) of the collectives recorded but not drained yet (in flight, done, adopted)."""
+        recorder = self.recorder
         known = {(op.gid, op.seq) for op in self._py_ops}
         known.update((r.group.gid, r.seq) for r in recorder.snapshot_inflight() if r.op not in schema.P2P_OPS)
         known.update((r.group.gid, r.seq) for r in recorder.done_not_taken() if r.op not in schema.P2P_OPS)
+        known.update((r.group.gid, r.seq) for r in list(recorder.funcol_calls.values()))
         known.update(self._fr_ops)
-        unknown = [(info, seq) for info in open_groups
-                   for seq in range(max(info.fr_completed, info.completed) + 1, info.fr_enqueued + 1)
-                   if (info.gid, seq) not in known]
-        now_s = time.monotonic()
-        seen = {(info.gid, seq): self._unknown_open.get((info.gid, seq), now_s) for info, seq in unknown}
-        self._unknown_open = seen
-        if not unknown:
-            return
-        if not entry_dump_due([(info.device_async, seen[(info.gid, seq)]) for info, seq in unknown], now_s,
-                              self._next_entry_dump):
-            return
-        entries = self._frontier.read_active()
-        self._next_entry_dump = next_entry_dump(time.monotonic(), self._frontier.entry_read_s)
+        return known
+
+    def _adopt_open(self, unknown: list[tuple[Any, int]], entries: list[Any]) -> None:
+        """Collectives open in the Flight Recorder that no Python call issued: in flight from their entries."""
+        recorder = self.recorder
         by_name = {info.name: info for info, _ in unknown}
         wanted = {(info.gid, seq) for info, seq in unknown}
         for entry in entries:
             info = by_name.get(entry.group)
-            if info is None or (info.gid, entry.seq) not in wanted:
+            if info is None or (info.gid, entry.seq) not in wanted or entry.completed_ns:
                 continue
             record = OpRecord(f"{schema.SOURCE_FLIGHT_RECORDER}:{entry.op}", entry.op, info, entry.seq,
                               entry.created_ns or time.time_ns())
@@ -533,7 +605,27 @@ class Runtime:
             record.bytes, record.dtype = entry.bytes, entry.dtype or None
             record.call_end_ns = record.start_ns  # issued from C++: enqueued at once
             self._fr_ops[(info.gid, entry.seq)] = record
+            self._coverage.note(info.gid, entry.seq)
             recorder.adopt(record)
+
+    def _queue_fr_done(self, info: Any, done: FrDone) -> None:
+        """A completed collective only the Flight Recorder recorded: a done record for the drain (its span
+        in the collective's trace, under the budget), ended as FrCoverage bounds it."""
+        entry = done.entry
+        record = OpRecord(f"{schema.SOURCE_FLIGHT_RECORDER}:{entry.op}", entry.op, info, entry.seq,
+                          min(entry.created_ns or done.end_ns, done.end_ns), entry.bytes,
+                          torch_dtype_name(entry.dtype) if entry.dtype else None)
+        record.source = schema.SOURCE_FLIGHT_RECORDER
+        record.call_end_ns = record.start_ns  # issued from C++: enqueued at once
+        record.end_ns = done.end_ns
+        record.state = schema.STATE_COMPLETED
+        record.timing = schema.TIMING_FLIGHT_RECORDER
+        recorder = self.recorder
+        if len(recorder.queue) >= recorder.queue_size:
+            recorder._push(record)  # dropped and counted
+            return
+        self._fr_windows[record] = done.window_ns
+        recorder.queue.append(record)
 
     def _waiting_elsewhere(self, inflight: list[Any], now: int) -> bool:
         """A device-async op's call returned long ago and it is still in flight: the main thread
@@ -561,6 +653,11 @@ class Runtime:
         attributes[schema.ATTR_HB_SPANS_SAMPLED_OUT] = counts.sampled_out
         attributes[schema.ATTR_HB_COMM_S] = round(recorder.comm_seconds(now), 6)
         attributes[schema.ATTR_HB_OPS_DONE] = recorder.counters.ops_done
+        coverage = self._coverage
+        if coverage.built or coverage.lost:  # C++-issued collectives spanned from the Flight Recorder's entries
+            attributes[schema.ATTR_HB_FR_BUILT] = coverage.built
+            attributes[schema.ATTR_HB_FR_LOST] = coverage.lost
+            attributes[schema.ATTR_HB_FR_DUMP_S] = round(self._frontier.entry_read_total_s, 4)
         COMPILE_WATCH.poll()
         attributes[schema.ATTR_HB_PHASE] = schema.PHASE_COMPILING if COMPILE_WATCH.compiling else schema.PHASE_TRAINING
         attributes.update(self._digests.heartbeat_attributes())

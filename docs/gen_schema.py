@@ -104,13 +104,43 @@ MEANINGS: dict[str, tuple[str, str, str]] = {
                            "`[\"9a3c…\"]`"),
     "ATTR_HB_FLOW_SEQS": ("int[]", "Native flows: NCCL collective seq", "`[88]`"),
     "ATTR_HB_FLOW_CHANNELS": ("int[]", "Native flows: channel", "`[2]`"),
-    "ATTR_HB_FLOW_PEERS": ("int[]", "Native flows: peer rank", "`[5]`"),
+    "ATTR_HB_FLOW_PEERS": ("int[]", "Native flows: the peer's global rank (communicator rank until the "
+                           "communicator is mapped to its torch group)", "`[5]`"),
     "ATTR_HB_FLOW_SENDS": ("bool[]", "Native flows: this rank is the sender", "`[true]`"),
     "ATTR_HB_FLOW_STEPS": ("int[]", "Native flows: steps the flow must make", "`[8]`"),
     "ATTR_HB_FLOW_GPU_READY": ("int[]", "Native flows: steps whose data the GPU has produced (G)", "`[4]`"),
     "ATTR_HB_FLOW_TRANSMITTED": ("int[]", "Native flows: steps posted to the network (T)", "`[2]`"),
     "ATTR_HB_FLOW_DONE": ("int[]", "Native flows: steps completed (D)", "`[2]`"),
-    "ATTR_HB_FLOW_AGES_S": ("double[]", "Native flows: seconds since the flow started", "`[3.2]`"),
+    "ATTR_HB_FLOW_POSTED": ("", "Native flows: steps the proxy started (send: buffer slot handed to the GPU, "
+                            "SendGPUWait; receive: irecv posted), >= gpu_ready", "`[6]`"),
+    "ATTR_HB_FLOW_RANKS": ("", "Native flows: global rank owning the flow (another rank's under PXN)", "`[3]`"),
+    "ATTR_HB_FLOW_PROXY_STATES": ("", "Native flows: the last ProxyStep state seen (SendGPUWait, SendPeerWait, "
+                                  "SendWait, RecvWait, RecvFlushWait, RecvGPUWait)", "`[\"SendWait\"]`"),
+    "ATTR_HB_FLOW_KCH_COMMS": ("", "Kernel channels running (started on the GPU, not stopped): NCCL commHash, hex "
+                               "(parallel arrays follow)", "`[\"9a3c…\"]`"),
+    "ATTR_HB_FLOW_KCH_SEQS": ("", "Kernel channels: the group's collective seq (as flow.seqs; -1 unknown)", "`[88]`"),
+    "ATTR_HB_FLOW_KCH_CHANNELS": ("", "Kernel channels: NCCL channel id", "`[0]`"),
+    "ATTR_HB_FLOW_KCH_AGES_S": ("", "Kernel channels: seconds since the channel started on the GPU", "`[0.4]`"),
+    "ATTR_HB_FLOW_NCOLL_COMMS": ("", "Native collectives enqueued and not finished: NCCL commHash, hex (parallel "
+                                 "arrays follow)", "`[\"9a3c…\"]`"),
+    "ATTR_HB_FLOW_NCOLL_SEQS": ("", "Native collectives: the group's collective seq (as flow.seqs)", "`[88]`"),
+    "ATTR_HB_FLOW_NCOLL_FUNCS": ("", "Native collectives: NCCL function", "`[\"AllReduce\"]`"),
+    "ATTR_HB_FLOW_NCOLL_KERNELS": ("", "Native collectives: kernel channels seen for it (started or done)", "`[8]`"),
+    "ATTR_HB_FLOW_NCOMM_COMMS": ("", "Every NCCL communicator of the rank, hex (parallel: ncomm.done_seqs)",
+                                 "`[\"9a3c…\"]`"),
+    "ATTR_HB_FLOW_NCOMM_DONE_SEQS": ("", "Per communicator: highest collective seq finished (-1: none)", "`[87]`"),
+    "ATTR_HB_NATIVE_DROPPED": ("", "Native records and events the plugin dropped so far (ring or pools full)", "`0`"),
+    "ATTR_HB_COMM_S": ("", "Cumulative seconds this rank had at least one op in flight since init (the rest of "
+                       "its time it computed): per interval, compute vs wait on its own clock", "`812.4`"),
+    "ATTR_HB_OPS_DONE": ("", "Ops this rank completed since init", "`15210`"),
+    "ATTR_HB_GROUP_FR_COMPLETED": ("", "Per group: the Flight Recorder's last completed seq (-1 unknown); sent by "
+                                   "device-async backends (NCCL), whose ops complete after their call returns",
+                                   "`[411]`"),
+    "ATTR_HB_INFLIGHT_RETURNED": ("", "In-flight ops: its call returned (async, NCCL enqueue, issued from C++)",
+                                  "`[true]`"),
+    "ATTR_HB_INFLIGHT_DTYPES": ("", "In-flight ops: element type (\"\" unknown)", "`[\"bfloat16\"]`"),
+    "ATTR_HB_FLOW_AGES_S": ("double[]", "Native flows: seconds since any of the flow's counters (posted, G, T, "
+                            "D) last moved; since the flow started when none has", "`[0.003]`"),
     "ATTR_NCCL_COMM_HASH": ("string", "NCCL communicator hash, hex", "`9a3c5d…`"),
     "ATTR_NCCL_FUNC": ("string", "NCCL function", "`AllReduce`"),
     "ATTR_NCCL_ALGO": ("string", "NCCL algorithm", "`Ring`"),
@@ -176,6 +206,31 @@ rank (async ops: the completion callback of their Work; functional collectives: 
 `wait_tensor`). Heartbeat arrays are parallel: index *i* of every `mycroft.hb.group.*` array
 describes one group, index *j* of every `mycroft.hb.inflight.*` array one in-flight op, and
 likewise for `mycroft.hb.flow.*`.
+
+**Types and units** are the typed contract of `mycroft/schema.py` (`CONTRACT`): OTLP value kinds
+(string, int, double, bool, arrays of them) and the unit after the type (`s` seconds, `ns`, `bytes`,
+`steps` NCCL proxy steps, `seq` a collective sequence number, `rank` a global rank unless said). The
+RCA service checks heartbeats against it (`schema.contract_problems`): a native flow table whose
+arrays are not of their types or not all as long as `mycroft.hb.flow.comms` is dropped from the
+heartbeat and counted (the rest of the heartbeat is folded).
+
+**Native flows** (`mycroft.hb.flow.*`, filled by `instrumentation/native_reader.py` from the NCCL
+profiler plugin's ring):
+- `mycroft.hb.flow.peers` and `mycroft.hb.flow.ranks` are *global* (torch) ranks once the
+  communicator is mapped to its torch group (`NativeReader.map_comm`, when torch creates the
+  communicator); before that, NCCL communicator ranks.
+- `mycroft.hb.flow.comms` is NCCL's commHash (16 hex digits), not a torch group id; the mapping
+  commHash -> (torch group id, seq offset) is the instrumentation's. `mycroft.hb.flow.seqs` (and the
+  `kch` / `ncoll` seqs) are NCCL's collective seqNumber plus that offset: the torch group's
+  collective seq (`mycroft.seq`) once mapped, NCCL's own count before.
+- `mycroft.hb.flow.ages_s` has one meaning: seconds since any of the flow's counters last moved
+  (since the flow started when none has). Kernel-channel ages are since the channel started,
+  in-flight op ages since the op was issued.
+- The counters are the plugin's snapshot (every `MYCROFT_NATIVE_SNAPSHOT_MS`, 100 ms) read when the
+  heartbeat is built: at most one snapshot interval old then, plus the heartbeat's transit.
+- Counters per flow: posted <= ... and G >= T >= D; a send flow's G = data produced by the GPU, T =
+  posted to the network (isend accepted, which needs the receiver's clear-to-send), D = completion
+  seen; a receive flow's G = buffer posted (its clear-to-send), T = data arrived, D = consumed by the GPU.
 """
 
 
@@ -197,6 +252,9 @@ def render() -> str:
                 continue
             placed.add(value)
             kind, meaning, example = MEANINGS.get(name, ("", comments.get(name, ""), ""))
+            if name in schema.CONTRACT:  # the typed contract: wire type and unit (one source: schema.py)
+                wire, unit = schema.CONTRACT[name]
+                kind = f"{wire} ({unit})" if unit else wire
             meaning = meaning.replace("|", "\\|")  # a table cell: "a | b" in a comment stays one cell
             rows.append(f"| `{value}` | {kind} | {meaning} | {example} | `{name}` |")
         if rows:

@@ -221,12 +221,14 @@ def _build(job: JobState, status: dict[int, str], waiting: Iterable[int], cfg: A
             members, not_done = left[node]
             if _peers_finished(not_done, members, rank.rank):
                 continue
-            if op.returned and completed_by_a_member(job, members, op.group_id, op.seq):
+            if rank.device_async:
+                pass  # NCCL: a returned op is in flight on the device until the rank says it completed
+            elif op.returned and completed_by_a_member(job, members, op.group_id, op.seq):
                 # this rank is not inside the call, and a member finished the op (so all entered it): the
                 # rank's completion is one it cannot see (a C++ wait that is lazy, as DDP's unused-parameter
                 # all-reduce; gloo's Flight Recorder marks an op completed only when it is waited), no wait
                 continue
-            if op.returned and _issued_beyond(job, members, op.group_id, op.seq, beyond, node):
+            elif op.returned and _issued_beyond(job, members, op.group_id, op.seq, beyond, node):
                 # nor while a member issued a later op of the group: the members wait in that one (or are
                 # not inside any call), and this op's completion may only show at its lazy wait (DDP's
                 # unused-parameter all-reduce is waited in the next backward: until then, every member

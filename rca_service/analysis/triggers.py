@@ -6,6 +6,7 @@ when something is actually stuck.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import operator
@@ -88,10 +89,53 @@ def hang_threshold(job: JobState, cfg: AnalysisConfig) -> float:
         if len(samples) > 4096:
             break
     if len(samples) < 8:
-        return cfg.hang_min_s
+        # no op span ends (heartbeats only, the default at scale: op spans sampled away): learn how long
+        # ops stay in flight from the heartbeats themselves, so a collective that merely slowed past the
+        # 1 s floor is not a hang (issue 44: a slowed collective read as "not entered", a GPU straggler paged)
+        samples = list(heartbeat_durations(job))
+        if len(samples) < 8:
+            # nothing learned yet: an op that ended just after a heartbeat reads in flight until the next
+            # one, so without op spans no op is judged on less than two heartbeat intervals
+            return max(cfg.hang_min_s, 2.0 * job.hb_interval) if _spans_sampled_away(job) else cfg.hang_min_s
     samples.sort()
     p95 = samples[min(len(samples) - 1, int(0.95 * len(samples)))]
     return min(cfg.hang_max_s, max(cfg.hang_min_s, cfg.hang_factor * p95))
+
+
+def _spans_sampled_away(job: JobState) -> bool:
+    """The ranks say the trace budget sends (almost) none of their op spans: heartbeats are all there is."""
+    ranks = list(itertools.islice(job.ranks.values(), 8))
+    return bool(ranks) and all(r.spans_sampled_out > 4 * r.spans_kept for r in ranks)
+
+
+HB_DURATIONS = "hb_op_durations"  # job.memo: in-flight ops seen in heartbeats, and the durations learned
+HB_DURATION_RANKS = 256  # ranks read per pass (a sample: every member of a collective sees it in flight)
+
+
+def heartbeat_durations(job: JobState) -> Any:
+    """Durations of the job's collectives as heartbeats saw them: per rank and op, the longest age it
+    reported the op in flight, once that rank reports it completed (a lower bound of the op's duration
+    on that rank; an op stuck on a rank never gives one). Kept in job.memo, folded from the heartbeats
+    a pass sees (at most HB_DURATION_RANKS ranks per pass)."""
+    memo = job.memo.get(HB_DURATIONS)
+    if memo is None:
+        memo = job.memo[HB_DURATIONS] = ({}, collections.deque(maxlen=256), [0])
+    seen: dict[int, dict[tuple[str, int], float]] = memo[0]
+    done: collections.deque[float] = memo[1]
+    cursor: list[int] = memo[2]
+    ranks = list(itertools.islice(job.ranks.values(), cursor[0], cursor[0] + HB_DURATION_RANKS))
+    cursor[0] = 0 if cursor[0] + HB_DURATION_RANKS >= len(job.ranks) else cursor[0] + HB_DURATION_RANKS
+    for rank in ranks:
+        mine = seen.setdefault(rank.rank, {})
+        for op in rank.inflight:
+            if not op.is_p2p and op.age_s > mine.get((op.group_id, op.seq), -1.0):
+                mine[(op.group_id, op.seq)] = op.age_s
+        for key in [k for k in mine if rank.completed.get(k[0], 0) >= k[1]]:
+            done.append(mine.pop(key))
+        if len(mine) > 64:  # ops it never reported completed (a hang, a restart): keep the newest
+            for key in sorted(mine, key=lambda k: k[1])[:len(mine) - 64]:
+                del mine[key]
+    return done
 
 
 def late(job: JobState, rank: RankState, now: float, cfg: AnalysisConfig) -> bool:

@@ -19,8 +19,8 @@ from mycroft import schema
 
 from ..config import AnalysisConfig
 from ..ingest.state import AgentState, JobState, job_name
+from . import flow_deps, graph_view
 from . import graph as wfg
-from . import graph_view
 from . import pauses as pauses_mod
 from .findings import (
     CRASH,
@@ -126,6 +126,14 @@ def _data_sink_cause(job: JobState, node: wfg.Node) -> RootCause:
         text = f"both sides of p2p {node[2]}->{node[3]} seq {node[4]} were issued but it does not complete"
         evidence = {"text": text, "src": node[2], "dst": node[3], "seq": node[4]}
     flows = _classify_flows(job, node)
+    dep = flow_deps.find(job)  # the links' dependencies over the heartbeats since the stall, not one snapshot
+    if dep is not None:
+        evidence["flows"] = flows.get("flows", []) if flows else []
+        evidence["text"] = f"{dep.evidence['text']} (the collective does not complete)"
+        evidence["links"] = dep.evidence["links"]
+        evidence["locus"] = dep.locus
+        evidence["suspect_side"] = dep.evidence["suspect_side"]
+        return RootCause(dep.rank, RC_LINK, evidence)
     if flows:
         evidence["flows"] = flows.get("flows", [])
         culprit = flows.get("rank")
@@ -213,6 +221,8 @@ def _youngest_issue_age(job: JobState, node: wfg.Node, members: list[int], now: 
         if rank is None:
             continue
         if node[0] == "c":
+            if rank.completed.get(node[1], 0) >= node[2]:
+                continue  # it finished the op (NCCL: downstream of a link that died late in the collective)
             ages = [op.age_at(now) for op in rank.inflight if op.group_id == node[1] and op.seq == node[2]]
         else:
             ages = [op.age_at(now) for op in rank.inflight if op.is_p2p and op.seq == node[4]
@@ -303,6 +313,13 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
                         rc.evidence["blocked_ranks"] = sink.blast
                         causes.append(rc)
                     continue
+            held = job.ranks.get(node[1])
+            if sink_status == ALIVE and held is not None and held.device_async and held.completed \
+                    and not held.inflight and held.idle_at(now) < threshold:
+                # out of communication for less than the hang threshold: between two ops (computing), its
+                # peers' wait is not yet its doing (NCCL: ranks that finished a collective another rank is
+                # stuck in start the next one and wait for it); convicted once it stays out that long
+                return None
             rc = _rank_evidence(job, node[1], sink_status, now, cfg)
             if sink_status == ALIVE and rc.kind == RC_NOT_ENTERED:
                 why = _late_why(job, node[1], sink.path[-2] if len(sink.path) > 1 else None, now, cfg)
@@ -315,7 +332,10 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
             if any(job.ranks.get(m) is not None and _corroborated_status(job, m, now, cfg, fresh_after) is None
                    for m in members):
                 return None  # a member just went quiet: it may be dead rather than the link; wait
-            if _moved(job, node, members) or _posted_by_one_gone_on(job, node, members):
+            device = any(r.device_async for r in map(job.ranks.get, members[:64]) if r is not None)
+            if (_moved(job, node, members) and not device) or _posted_by_one_gone_on(job, node, members):
+                # (NCCL: members that finished a collective others are stuck in is how a dead link looks
+                # mid-collective -- downstream ranks got every chunk before it died -- not a late end)
                 continue  # not a cause; the ranks still in it are named through their other sinks, if any
             if _youngest_issue_age(job, node, members, now) < threshold:
                 return None  # the last member only just issued it: its completion is on the way; wait
@@ -690,8 +710,31 @@ def _straggle_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
 
 
 def _slow_link_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
-    """A moving ring paced by one rank's NIC / PCIe / proxy (slow_links.py)."""
-    found = find_slow_link(job, cfg, job_slowdown(job, cfg, cfg.slow_link_beats))
+    """A moving ring paced by one rank's NIC / link / receive side / proxy: the links' dependencies over
+    many heartbeats (flow_deps.py) once the job runs slower than its baseline; with no slowdown to go by,
+    the same ledger on twice the evidence (a link slow since before the launch)."""
+    slowdown = job_slowdown(job, cfg, cfg.slow_link_beats)
+    dep = flow_deps.find(job)
+    if dep is not None and (slowdown >= cfg.slow_link_min_slowdown or
+                            (dep.score >= 2 * flow_deps.MIN_SCORE and dep.score >= 2 * dep.runner_up)):
+        alone = slowdown < cfg.slow_link_min_slowdown
+        evidence = dict(dep.evidence, job_slowdown=round(slowdown, 3), no_baseline=alone)
+        pace = (f"the job completes ops x{slowdown:.2f} against its baseline (slow since before one was measured)"
+                if alone else f"the job completes ops x{slowdown:.2f} slower")
+        evidence["text"] = f"{dep.evidence['text']}; {pace}"
+        reason = (f"one rank's {dep.locus} scored {dep.score:.1f} steps over the job's median link, "
+                  f"{dep.runner_up:.1f} for the next rank" + ("" if alone else f"; job slowed x{slowdown:.2f}"))
+        summary = (f"one rank's link is slower than the rest of its ring: {evidence['text']}" if alone
+                   else f"job slowed down x{slowdown:.2f}: {evidence['text']}")
+        finding = Finding(job.job_id, SLOWDOWN, summary, [RootCause(dep.rank, RC_LINK, evidence)], {},
+                          {"mode": "link", "locus": dep.locus, "job_slowdown": round(slowdown, 3),
+                           "no_baseline": alone}, WARNING, reason)
+        peers = [dep.peer] if dep.peer >= 0 else []
+        finding.draw = lambda: graph_view.slow_view(job, dep.rank, peers, job.last_seen)
+        return finding
+    if dep is not None or any(r.flow_history for r in job.ranks.values()):
+        return None  # the ledger read the flows and names nobody: no snapshot rule overrides it
+    found = find_slow_link(job, cfg, slowdown)
     if found is None:
         return None
     text = str(found.evidence["text"])
@@ -714,11 +757,13 @@ def _slow_link_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
 
 def _slowdown_finding(job: JobState, cfg: AnalysisConfig) -> Finding | None:
     straggle = _straggle_finding(job, cfg)
-    if straggle is not None:
+    if straggle is not None and straggle.severity != INFO:
         return straggle
     link = _slow_link_finding(job, cfg)
     if link is not None:
-        return link
+        return link  # a link the flows name outranks a mild compute imbalance (info)
+    if straggle is not None:
+        return straggle
     # without compute/wait heartbeats (older instrumentation, spans-only recordings) arrival
     # order is all there is; with them, a slowdown no rank's compute explains is the transport's
     has_work = any(rank.work for rank in job.ranks.values())

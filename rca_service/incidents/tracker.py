@@ -15,10 +15,13 @@ from typing import Any
 from ..analysis.findings import (
     CRITICAL,
     EVIDENCE_WAITED_OPS,
+    RC_COMMUNICATION,
+    RC_LINK,
     RC_MISMATCH,
     RC_NOT_ENTERED,
     RC_PROCESS_EXITED,
     RC_PROCESS_LOST,
+    RC_STRAGGLER,
     SEVERITY,
     SLOWDOWN,
     Finding,
@@ -65,6 +68,8 @@ class Incident:
     # the host of each root-cause rank (str(rank) -> host.name) as of when it was named: what the
     # fleet memory (hosts.py) and node actions (actions.py) act on after the job's state is gone
     root_cause_hosts: dict[str, str] = field(default_factory=dict)
+    # every change of the first root cause while firing: {at, at_unix, from, to, why} (issue 44)
+    verdict_changes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.severity:
@@ -98,7 +103,7 @@ class Incident:
             "resolved_at_unix": self.resolved_at,
             "summary": self.summary, "root_causes": self.root_causes,
             "wait_for_graph": self.graph, "evidence": self.evidence, "updates": self.updates,
-            "view": self.view, "root_cause_hosts": self.root_cause_hosts,
+            "view": self.view, "root_cause_hosts": self.root_cause_hosts, "verdict_changes": self.verdict_changes,
         }
 
     @classmethod
@@ -114,6 +119,7 @@ class Incident:
             critical_at=d.get("critical_at_unix"), consequences=list(d.get("consequences") or []),
             consequence_of=d.get("consequence_of"), alerted=bool(d.get("alerted", False)),
             view=dict(d.get("view") or {}), root_cause_hosts=dict(d.get("root_cause_hosts") or {}),
+            verdict_changes=list(d.get("verdict_changes") or []),
         )
 
 
@@ -139,6 +145,16 @@ _AFTERMATH = {RC_PROCESS_LOST, RC_PROCESS_EXITED}
 _FIRST_CAUSES = {RC_NOT_ENTERED, RC_MISMATCH}
 
 
+# root causes read off the data path over many heartbeats: one names another only on evidence that outweighs
+_WEIGHED = {RC_LINK, RC_STRAGGLER, RC_COMMUNICATION}
+_LOUDNESS = {"info": 0, "warning": 1, CRITICAL: 2}
+CHALLENGER = "challenger"  # Incident.extra: the would-be first root cause, since when, and why it won
+
+
+def _first(causes: list[dict[str, Any]]) -> tuple[Any, Any]:
+    return (causes[0].get("rank"), causes[0].get("kind")) if causes else (None, None)
+
+
 def _consequence(cause: dict[str, Any], now: float) -> dict[str, Any]:
     text = str(cause.get("evidence", {}).get("text", ""))
     return {"at": rfc3339(now), "at_unix": now, "rank": cause.get("rank"), "kind": cause.get("kind"), "text": text}
@@ -156,8 +172,10 @@ class IncidentTracker:
     """
 
     def __init__(self, resolve_after_s: float, firing: list[Incident] | None = None,
-                 consequence_window_s: float = 120.0, refresh_after_s: float = 5.0) -> None:
+                 consequence_window_s: float = 120.0, refresh_after_s: float = 5.0,
+                 verdict_hold_s: float = 5.0) -> None:
         self.resolve_after_s = resolve_after_s
+        self.verdict_hold_s = verdict_hold_s  # a challenger at the same loudness must hold this long
         self.consequence_window_s = consequence_window_s
         self.refresh_after_s = refresh_after_s  # at most this often, evidence of an unchanged story
         self.active: dict[str, Incident] = {i.key: i for i in (firing or []) if i.status == FIRING}
@@ -259,6 +277,14 @@ class IncidentTracker:
                     all(c.get("kind") in _AFTERMATH for c in causes) and \
                     all(c.get("kind") in _AFTERMATH for c in old):
                 causes = []  # lost <-> exited of the same ranks: no news
+        if causes and old and _first(causes) != _first(old):
+            if not self._outweighs(current, finding, causes, now):
+                return changed  # the standing verdict holds until a challenger outweighs it
+            current.verdict_changes.append({"at": rfc3339(now), "at_unix": now, "from": list(_first(old)),
+                                            "to": list(_first(causes)),
+                                            "why": current.extra.pop(CHALLENGER, {}).get("why", "")})
+        elif causes and old:
+            current.extra.pop(CHALLENGER, None)  # the standing cause named again: a challenger starts over
         if causes and (_cause_signature(causes) != _cause_signature(old) or _has_stack(causes) != _has_stack(old)
                        or current.root_cause_at is None):
             # new root causes, or the same ones with their evidence completed (a stack arrived)
@@ -282,6 +308,31 @@ class IncidentTracker:
             current.updates += 1
             self._note_severity(current, now)
         return changed
+
+    def _outweighs(self, current: Incident, finding: Finding, causes: list[dict[str, Any]], now: float) -> bool:
+        """Whether a finding naming another first root cause may replace the standing one.
+
+        The rule (docs/rca.md, "One verdict"): a verdict read off the data path (link, straggler,
+        communication) changes only on evidence that outweighs it -- a louder finding (info ->
+        warning -> critical) at once; at the same loudness or lower, only a challenger named in
+        every pass for verdict_hold_s while the standing cause was named in none. Any other change
+        (a rank died, a holder's evidence completed) is a new story and goes through as before."""
+        if not all(c.get("kind") in _WEIGHED for c in current.root_causes[:1] + causes[:1]):
+            return True
+        if _LOUDNESS.get(finding.severity, 1) > _LOUDNESS.get(current.severity, 1):
+            current.extra[CHALLENGER] = {"why": f"a {finding.severity} finding over a {current.severity} one"}
+            return True
+        seen = current.extra.get(CHALLENGER)
+        sig = list(_first(causes))
+        if not seen or seen.get("sig") != sig:
+            current.extra[CHALLENGER] = {"sig": sig, "since": now}
+            return False
+        held = now - float(seen.get("since", now))
+        if held < self.verdict_hold_s:
+            return False
+        seen["why"] = (f"named in every pass for {held:.1f}s (hold {self.verdict_hold_s:g}s) while "
+                       f"{list(_first(current.root_causes))} was not")
+        return True
 
     def _refresh(self, current: Incident, finding: Finding, causes: list[dict[str, Any]], now: float) -> bool:
         """Same root causes and severity: bring the evidence up to date (more ranks now wait,

@@ -7,7 +7,7 @@ Memory is bounded: a window of sequence numbers per group, capped groups, ranks 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -30,6 +30,7 @@ FLOW_HISTORY = 8  # heartbeats with flows per rank (slow_links.py)
 TIMELINE_OPS = 64  # completed ops per rank kept for the propagation evidence
 
 #: the native flow counters of a heartbeat (every one schema.py names)
+FLOW_TABLE_KEYS = (schema.ATTR_HB_FLOW_COMMS, *schema.HB_TABLES[2][2])  # the per-flow parallel arrays
 FLOW_KEYS = frozenset(value for name, value in vars(schema).items()
                       if name.startswith("ATTR_HB_FLOW_") and isinstance(value, str))
 
@@ -114,6 +115,7 @@ class RankState:
     # its last heartbeat: every op in flight was posted (async, call returned) and it waits on none of them;
     # it is in its own code, not in a transfer (schema.ATTR_HB_POSTED_ONLY)
     posted_only: bool = False
+    device_async: bool = False  # its heartbeats say its groups' ops complete on the device (NCCL)
     phase_s: float = 0.0  # seconds in that phase as of the last heartbeat (start-up phases)
 
     def idle_at(self, now: float) -> float:
@@ -371,6 +373,10 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     having changed nothing, for any other; then this function is the definition."""
     a = record.attributes
     rank.posted_only = a.get(schema.ATTR_HB_POSTED_ONLY) is True
+    # a device-async backend (NCCL) sends its Flight Recorder frontier: its ops run on after their call returns
+    rank.device_async = schema.ATTR_HB_GROUP_FR_COMPLETED in a
+    if schema.ATTR_HB_FLOW_COMMS in a:
+        _check_flow_table(job, a)
     if _fold_fast is not None and rank.phase in _STEADY_PHASES and a.get(schema.ATTR_HB_PHASE) in _STEADY_PHASES:
         # start-up heartbeats, and the first one after them, take the Python fold (it reads the phase)
         folded = _fold_fast.fold(job, rank, a, received_at, record.end_ns, cfg.max_stack_chars,
@@ -380,6 +386,21 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
                 _fold_digests_of(job, rank, a)
             return
     _apply_heartbeat_python(job, rank, record, received_at, cfg)
+
+
+CONTRACT_REFUSED = "contract_refused"  # job.memo: Counter of flow-table contract problems, the tables dropped
+
+
+def _check_flow_table(job: JobState, a: dict[str, Any]) -> None:
+    """The native flow table against the typed contract (schema.contract_problems): a table whose arrays
+    are not of their types or not all of one length is dropped from the heartbeat (the rest of it is
+    folded) and counted, never read at the wrong index."""
+    problems = schema.contract_problems(a, FLOW_TABLE_KEYS)
+    if problems:
+        for key in FLOW_TABLE_KEYS:
+            a.pop(key, None)
+        counts = job.memo.setdefault(CONTRACT_REFUSED, Counter())
+        counts.update(problems[:4])
 
 
 def _apply_heartbeat_python(job: JobState, rank: RankState, record: SpanRecord, received_at: float,

@@ -132,6 +132,8 @@ def known_skip(test: Any) -> str | None:
 
     import torch
 
+    if getattr(test, "__unittest_skip__", False):
+        return None  # unittest skips it with its own reason, without spawning
     accelerator = torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", WORLD_SIZE))
     while test is not None:
@@ -263,6 +265,16 @@ class Comparison:
     harm: list[str] = field(default_factory=list)  # passed plain, not instrumented, twice
     flaky: list[str] = field(default_factory=list)  # differed once, not on the second run
     reruns: dict[str, tuple[Outcome, Outcome]] = field(default_factory=dict)
+
+    def merged(self, other: Comparison) -> Comparison:
+        """Two chunks' comparisons as one (run times added by mode)."""
+        runs = dict(self.runs)
+        for mode, run in other.runs.items():
+            mine = runs.get(mode)
+            runs[mode] = run if mine is None else ModeRun({**mine.outcomes, **run.outcomes},
+                                                          mine.wall_s + run.wall_s, mine.cpu_s + run.cpu_s)
+        return Comparison({**self.plain, **other.plain}, {**self.traced, **other.traced}, runs,
+                          self.harm + other.harm, self.flaky + other.flaky, {**self.reruns, **other.reruns})
 
     def names(self) -> list[str]:
         return sorted(set(self.plain) | set(self.traced))

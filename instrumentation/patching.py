@@ -104,6 +104,24 @@ def hot_path_of(fn: Any) -> Any:
     return found.__self__.hot if found is not None else None
 
 
+def note_failure(recorder: Recorder, record: OpRecord, exc: BaseException) -> None:
+    """The op raised: its record ends as failed, and nothing here can take the caller's exception's place.
+
+    Every wrapper catches BaseException only to note the failure and re-raise the same object at once
+    (a KeyboardInterrupt, SystemExit or GeneratorExit too: the rank left the op, the span says so).
+    Noting it runs no blocking code; if it fails (an exception whose str() raises), that is counted as
+    Mycroft's error and the caller's exception goes on: a `raise` inside the handler would have replaced
+    it, with the user's exception only as its __context__ (a SystemExit(7) ended the process with 1).
+    """
+    try:
+        note_failure(recorder, record, exc)
+    except Exception as ours:
+        try:
+            recorder._note_error(record.api, ours)
+        except Exception:
+            pass
+
+
 class Patcher:
     """Remembers every attribute it replaced so uninstall() puts the originals back."""
 
@@ -172,7 +190,7 @@ def _device_sync_call(recorder: Recorder, spec: OpSpec, original: Callable[..., 
             result = original(*args, **kwargs)
             work = depth.capture[0] if depth.capture else None
     except BaseException as exc:
-        recorder.failed(record, exc)
+        note_failure(recorder, record, exc)
         raise
     finally:
         depth.value -= 1
@@ -217,7 +235,7 @@ def _collective_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[...
         try:
             result = original(*args, **kwargs) if kwargs else original(*args)  # no empty dict copied
         except BaseException as exc:
-            recorder.failed(record, exc)
+            note_failure(recorder, record, exc)
             raise
         finally:
             depth.value -= 1
@@ -289,7 +307,7 @@ def _batch_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Callable
         except BaseException as exc:
             for record in records:
                 if record is not None:
-                    recorder.failed(record, exc)
+                    note_failure(recorder, record, exc)
             raise
         finally:
             depth.value -= 1
@@ -340,7 +358,7 @@ def _funcol_wrapper(recorder: Recorder, spec: OpSpec, original: Callable[..., An
         try:
             result = original(*args, **kwargs)
         except BaseException as exc:
-            recorder.failed(record, exc)
+            note_failure(recorder, record, exc)
             raise
         finally:
             depth.value -= 1
@@ -433,7 +451,7 @@ def _coalescing_wrapper(recorder: Recorder, original: Callable[..., Any]) -> Cal
             context.__exit__(None, None, None)
         except BaseException as exc:
             if record is not None:
-                recorder.failed(record, exc)
+                note_failure(recorder, record, exc)
             raise
         if record is not None:
             works = getattr(manager, "works", None) or []
@@ -506,10 +524,7 @@ def _bucket_done(recorder: Recorder, record: OpRecord, fut: Any) -> Any:
     try:
         value = fut.value()
     except BaseException as exc:
-        try:
-            recorder.failed(record, exc)
-        except Exception as ours:
-            recorder._note_error("ddp bucket", ours)
+        note_failure(recorder, record, exc)
         raise
     try:
         recorder.complete(record)
@@ -544,7 +559,7 @@ def _mycroft_ddp_hook(state: _DdpHookState, bucket: Any) -> Any:
         work = state.all_reduce(buffer, group=group, async_op=True)
     except BaseException as exc:
         if record is not None:
-            recorder.failed(record, exc)
+            note_failure(recorder, record, exc)
         raise
     finally:
         depth.value -= 1

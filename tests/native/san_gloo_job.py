@@ -41,8 +41,8 @@ class Counted:
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] = self.calls.get(name, 0) + 1
             result = attr(*args, **kwargs)
-            if name == "fold":
-                self.taken += int(result)
+            if name == "fold":  # 0: declined (the Python fold does it), 1 or 2: folded here
+                self.taken += 1 if result else 0
             elif name == "fold_run":
                 self.taken += int(result[0])
             return result

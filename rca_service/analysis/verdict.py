@@ -271,6 +271,7 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
     causes: list[RootCause] = []
     cycle = False
     sink_ranks = {n[1] for sink in found for n in sink.nodes if n[0] == "r"}
+    lows: dict[str, tuple[int, int]] = {}  # group -> (fewest of its ops a member issued, that member): _late_why
     for sink in found:
         ranks = [n[1] for n in sink.nodes if n[0] == "r"]
         chain = " -> ".join(wfg.describe(n, job) for n in sink.path)
@@ -322,7 +323,7 @@ def _hang_finding(job: JobState, status: dict[int, str], sweep: HangSweep, thres
                 return None
             rc = _rank_evidence(job, node[1], sink_status, now, cfg)
             if sink_status == ALIVE and rc.kind == RC_NOT_ENTERED:
-                why = _late_why(job, node[1], sink.path[-2] if len(sink.path) > 1 else None, now, cfg)
+                why = _late_why(job, node[1], sink.path[-2] if len(sink.path) > 1 else None, now, cfg, lows)
                 if why:
                     rc.evidence["late"] = why  # still on its way to the op: not a cause beside one that is
         else:
@@ -389,7 +390,8 @@ def _waited_ops(job: JobState, found: list[wfg.Sink], limit: int = 32) -> list[s
     return list(ops)
 
 
-def _late_why(job: JobState, rank_id: int, via: wfg.Node | None, now: float, cfg: AnalysisConfig) -> str:
+def _late_why(job: JobState, rank_id: int, via: wfg.Node | None, now: float, cfg: AnalysisConfig,
+              lows: dict[str, tuple[int, int]]) -> str:
     """Why an alive rank that has not entered the op its peers wait in is late rather than a cause
     ('' when it is not): on a loaded node a healthy rank still computing toward the collective (DDP's
     backward before its last buckets) reads as not entered while the first rank already waits.
@@ -403,12 +405,15 @@ def _late_why(job: JobState, rank_id: int, via: wfg.Node | None, now: float, cfg
     if via is not None and via[0] == "c":
         gid = str(via[1])
         mine = rank.issued.get(gid, 0)
-        group = job.groups.get(gid)
-        for member in (group.ranks if group is not None else ())[:4096]:
-            other = job.ranks.get(member)
-            if member != rank_id and other is not None and other.issued.get(gid, 0) < mine:
-                return (f"behind rank {member}: it issued op {mine} of group {_group_name(job, gid)}, rank {member} "
-                        f"only {other.issued.get(gid, 0)}; the group's ops complete in order")
+        low = lows.get(gid)
+        if low is None:  # once per group and pass (the first 4096 members: a 16k-rank group's hang stays cheap)
+            group = job.groups.get(gid)
+            low = lows[gid] = min(((other.issued.get(gid, 0), member)
+                                   for member in (group.ranks if group is not None else ())[:4096]
+                                   if (other := job.ranks.get(member)) is not None), default=(mine, rank_id))
+        if low[0] < mine:
+            return (f"behind rank {low[1]}: it issued op {mine} of group {_group_name(job, gid)}, rank {low[1]} "
+                    f"only {low[0]}; the group's ops complete in order")
     usual = _usual_out_s(rank.timeline)
     idle = rank.idle_at(now)
     if usual <= 0.0 or not rank.stack.strip() or idle >= cfg.late_step_factor * usual:

@@ -1,5 +1,17 @@
 """The paper's seven NCCL faults (and the process faults) at scale: % right, detection p50 / p90, bytes.
 
+    .venv/bin/python benchmarks/nccl_faults.py --both-models --runs 5          # issue 44: both models, model time
+
+`--both-models` scores the RCA on two models of NCCL, each fed to the engine through the OTLP wire
+format on the model's own clock (mycroft/faults/nccl_model/drive.py; no wall clock, so a loaded
+machine cannot turn into a verdict): the NCCL source model (mycroft/faults/nccl_model: 8 hosts x 4
+GPUs, 8 channels, proxy steps with the 8-step window and clear-to-send, its 8 faults, layouts dp
+and tp4dp8, with op spans and heartbeat-only) and the existing simulator (bigjob.py / simfaults.py,
+its 14 faults, heartbeat-only as `mycroft simulate` sends them). Per fault: right as first raised
+(the first loud incident after the onset names the fault's rank with an expected kind), root-cause
+changes per incident (max, mean), detection p50 / p90 (onset -> detected_at), loud incidents before
+the onset; healthy runs (`none`) are right when nothing loud is raised.
+
     .venv/bin/python benchmarks/nccl_faults.py                       # nccl faults, 1k and 16k ranks, 5 runs each
     .venv/bin/python benchmarks/nccl_faults.py --faults all --worlds 256,1024 --runs 5 --json out.json
 
@@ -86,6 +98,64 @@ def _row(world: int, fault: str, runs: list[dict[str, Any]], iteration_s: float)
     }
 
 
+def _both_models(args: argparse.Namespace) -> int:
+    """Issue 44's table: both models, per fault and mode, on model time."""
+    from mycroft.faults.nccl_model.cluster import FAULTS as MODEL_FAULTS
+    from mycroft.faults.nccl_model.drive import run_bigjob, run_model
+    from mycroft.faults.simfaults import FAULTS as SIM_FAULTS
+
+    rows: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    layouts = [x for x in args.layouts.split(",") if x]
+    model_faults = [*MODEL_FAULTS, "none"] if args.model_faults == "all" else args.model_faults.split(",")
+    sim_faults = [*SIM_FAULTS, "none"] if args.sim_faults == "all" else [x for x in args.sim_faults.split(",") if x]
+    started = time.time()
+    for i in range(args.runs):
+        seed = args.seed + i
+        for layout in layouts:
+            for mode in args.modes.split(","):
+                for fault in model_faults:
+                    out = run_model(fault, seed, layout=layout, hb_only=mode == "hb_only", seconds=args.model_seconds)
+                    line = out.as_dict() | {"model": "nccl_source"}
+                    print(json.dumps(line), flush=True)
+                    rows[("nccl_source", f"{layout}/{mode}", fault)].append(line)
+        for fault in sim_faults:
+            out = run_bigjob(fault, seed, world=args.sim_world, tp=8, seconds=args.sim_seconds)
+            line = out.as_dict() | {"model": "simulator"}
+            print(json.dumps(line), flush=True)
+            rows[("simulator", f"{args.sim_world}r/hb_only", fault)].append(line)
+    print(f"\n{sum(map(len, rows.values()))} runs in {time.time() - started:.0f} s\n")
+    print("| model | layout / mode | fault | runs | right as first raised | changes / incident max (mean) | "
+          "detected p50 / p90 s | loud before onset | said instead |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    table = []
+    for (model, where, fault), runs in rows.items():
+        right = sum(1 for r in runs if r["right"])
+        totals[model][0] += right
+        totals[model][1] += len(runs)
+        det = [float(r["detected_s"]) for r in runs if r["right"] and r["detected_s"] is not None]
+        changes = [c for r in runs for c in r["changes"]]
+        wrong = Counter(f"{r['verdict']}:{(r['root_cause'] or [None, None])[0]} rank "
+                        f"{(r['root_cause'] or [None, None])[1]}" if r["verdict"] else "no verdict"
+                        for r in runs if not r["right"])
+        row = {"model": model, "where": where, "fault": fault, "runs": len(runs), "right": right,
+               "max_changes": max(changes, default=0),
+               "mean_changes": round(statistics.fmean(changes), 2) if changes else 0.0,
+               "p50": round(statistics.median(det), 2) if det else None, "p90": _pct(det, 0.9),
+               "loud_before": sum(int(r["loud_before"]) for r in runs), "wrong": dict(wrong)}
+        table.append(row)
+        print(f"| {model} | {where} | {fault} | {len(runs)} | {right}/{len(runs)} | {row['max_changes']} "
+              f"({row['mean_changes']}) | {row['p50']} / {row['p90']} | {row['loud_before']} | "
+              f"{', '.join(f'{k} x{v}' for k, v in wrong.items()) or '-'} |")
+    print()
+    for model, (right, n) in totals.items():
+        print(f"{model}: {right}/{n} right as first raised ({100 * right / max(1, n):.0f}%)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"runs": {"/".join(k): v for k, v in rows.items()}, "table": table}, f, indent=1)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", default="nccl", help="as `mycroft simulate --fault`: nccl | process | all | a,b")
@@ -101,7 +171,18 @@ def main() -> int:
                         help="training iteration length for the bytes-per-iteration figure (the paper's unit)")
     parser.add_argument("--json", help="write every run and the table here")
     parser.add_argument("--from-json", nargs="*", default=[], help="only print the table of these saved runs")
+    parser.add_argument("--both-models", action="store_true",
+                        help="issue 44: the NCCL source model and the existing simulator, on model time")
+    parser.add_argument("--layouts", default="dp,tp4dp8", help="--both-models: the source model's layouts")
+    parser.add_argument("--modes", default="spans,hb_only", help="--both-models: with op spans, heartbeats only")
+    parser.add_argument("--model-faults", default="all", help="--both-models: source-model faults (all = 8 + none)")
+    parser.add_argument("--sim-faults", default="all", help="--both-models: simulator faults (all = 14 + none)")
+    parser.add_argument("--model-seconds", type=float, default=30.0)
+    parser.add_argument("--sim-seconds", type=float, default=20.0)
+    parser.add_argument("--sim-world", type=int, default=256)
     args = parser.parse_args()
+    if args.both_models:
+        return _both_models(args)
     from mycroft.faults.simulate import fault_list
 
     faults = fault_list(args.faults)

@@ -16,6 +16,7 @@ from ..analysis.findings import (
     CRITICAL,
     EVIDENCE_WAITED_OPS,
     RC_COMMUNICATION,
+    RC_DEADLOCK,
     RC_LINK,
     RC_MISMATCH,
     RC_NOT_ENTERED,
@@ -145,8 +146,9 @@ _AFTERMATH = {RC_PROCESS_LOST, RC_PROCESS_EXITED}
 _FIRST_CAUSES = {RC_NOT_ENTERED, RC_MISMATCH}
 
 
-# root causes read off the data path over many heartbeats: one names another only on evidence that outweighs
-_WEIGHED = {RC_LINK, RC_STRAGGLER, RC_COMMUNICATION}
+# root causes read off the data path over many heartbeats, and the members of one wait-for cycle: one names
+# another only on evidence that outweighs it
+_WEIGHED = {RC_LINK, RC_STRAGGLER, RC_COMMUNICATION, RC_DEADLOCK}
 _LOUDNESS = {"info": 0, "warning": 1, CRITICAL: 2}
 CHALLENGER = "challenger"  # Incident.extra: the would-be first root cause, since when, and why it won
 
@@ -313,10 +315,11 @@ class IncidentTracker:
         """Whether a finding naming another first root cause may replace the standing one.
 
         The rule (docs/rca.md, "One verdict"): a verdict read off the data path (link, straggler,
-        communication) changes only on evidence that outweighs it -- a louder finding (info ->
-        warning -> critical) at once; at the same loudness or lower, only a challenger named in
-        every pass for verdict_hold_s while the standing cause was named in none. Any other change
-        (a rank died, a holder's evidence completed) is a new story and goes through as before."""
+        communication) or naming a member of a wait-for cycle (deadlock) changes only on evidence
+        that outweighs it -- a louder finding (info -> warning -> critical) at once; at the same
+        loudness or lower, only a challenger named in every pass for verdict_hold_s while the
+        standing cause was named in none. Any other change (a rank died, a holder's evidence
+        completed) is a new story and goes through as before."""
         if not all(c.get("kind") in _WEIGHED for c in current.root_causes[:1] + causes[:1]):
             return True
         if _LOUDNESS.get(finding.severity, 1) > _LOUDNESS.get(current.severity, 1):

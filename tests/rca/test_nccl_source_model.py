@@ -196,3 +196,18 @@ def test_a_louder_finding_replaces_a_quieter_one_at_once() -> None:
     tracker.observe("job", [_slow(2, "warning")], 10.25)
     incident = tracker.active["job/slowdown"]
     assert incident.root_causes[0]["rank"] == 2 and len(incident.verdict_changes) == 1
+
+
+def test_a_deadlock_verdict_does_not_alternate_between_the_members_of_its_cycle() -> None:
+    from mycroft.rca_service.analysis.findings import DEADLOCK, RC_DEADLOCK
+
+    def cycle(first: int) -> Finding:
+        ranks = [first, 1 - first]
+        return Finding("job", DEADLOCK, "cycle", [RootCause(r, RC_DEADLOCK, {"text": "x"}) for r in ranks], {}, {},
+                       "critical", "")
+
+    tracker = IncidentTracker(resolve_after_s=3.0)
+    for i in range(40):  # the simulator's 256-rank deadlock: the cycle's order flipped 22 times in 20 s
+        tracker.observe("job", [cycle(i % 2)], 50.0 + 0.25 * i)
+    incident = tracker.active["job/deadlock"]
+    assert incident.root_causes[0]["rank"] == 0 and incident.verdict_changes == []

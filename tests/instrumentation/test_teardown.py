@@ -20,11 +20,12 @@ import pytest
 from tests.conftest import REPO
 
 BOUND_S = 0.5
-# The whole interpreter exit of a torch process is seconds of CPU here (its modules' teardown) and swings
-# by +-1 s run to run on this shared 2-core machine, with or without Mycroft (benchmarks/teardown.py): it
-# is held to the bound plus that noise, which still catches a hold of seconds (6 s before the bound). The
-# part of the exit Python code can hold up (thread joins, atexit functions) is measured alone, to the bound.
-EXIT_NOISE_S = 1.5
+# The whole interpreter exit of a torch process is seconds of CPU here (its modules' teardown: 2-5 s, 10 s
+# at a load of 12 on this shared 2-core machine) and swings by seconds run to run, with or without Mycroft
+# (benchmarks/teardown.py). It is held to the slowest plain exit plus the bound plus that noise, which
+# still catches a hold of seconds on top (6 s before the bound); the part of the exit Python code can hold
+# up (the thread joins and atexit functions, where Mycroft's teardown runs) is measured alone, to the bound.
+EXIT_NOISE_S = 2.5
 
 
 def _harness() -> ModuleType:
@@ -51,8 +52,8 @@ def test_teardown_adds_half_a_second_at_most_whatever_the_collector_does() -> No
     plain += bench.run_job("plain", slow_s=5.0)
     for rank in plain:
         assert rank.returncode == 0, rank.stderr[-3000:]
-    base = {figure: statistics.median(getattr(r, figure) for r in plain)
-            for figure in ("destroy_s", "handlers_s", "exit_s")}
+    base = {figure: statistics.median(getattr(r, figure) for r in plain) for figure in ("destroy_s", "handlers_s")}
+    base["exit_s"] = max(r.exit_s for r in plain)
     problems: list[tuple[str, object]] = []
     for collector, ranks in traced.items():
         for rank in ranks:

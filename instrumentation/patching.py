@@ -114,10 +114,12 @@ def note_failure(recorder: Recorder, record: OpRecord, exc: BaseException) -> No
     it, with the user's exception only as its __context__ (a SystemExit(7) ended the process with 1).
     """
     try:
-        note_failure(recorder, record, exc)
+        recorder.failed(record, exc)
     except Exception as ours:
         try:
             recorder._note_error(record.api, ours)
+            record.error = type(exc).__name__  # what can be said of it: the op still ends as failed
+            recorder.complete(record, state=schema.STATE_ERROR)
         except Exception:
             pass
 

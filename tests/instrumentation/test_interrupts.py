@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from mycroft import schema
 from tests.conftest import BIN, REPO, SpanSink, free_port
 
 JOB = Path(__file__).parent / "jobs" / "interrupts.py"
@@ -84,3 +85,26 @@ def test_interrupts_and_exits_pass_through_as_without_mycroft(case: str, otlp_si
         if plain.delay_s is not None:
             assert traced.delay_s is not None and traced.delay_s - plain.delay_s <= BOUND_S, \
                 (case, mode, plain.delay_s, traced.delay_s)
+
+
+class _OddExit(SystemExit):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3), GeneratorExit(), _OddExit(7)],
+                         ids=["KeyboardInterrupt", "SystemExit", "GeneratorExit", "odd SystemExit"])
+def test_noting_a_failure_ends_the_record_and_never_raises(exc: BaseException) -> None:
+    from mycroft.instrumentation.groups import GroupInfo
+    from mycroft.instrumentation.patching import note_failure
+    from mycroft.instrumentation.recorder import OpRecord, Recorder
+
+    recorder = Recorder(64)
+    group = GroupInfo(gid="g", name="g", desc="", ranks=(0, 1), ranks_text="0,1", group_rank=0, backend="gloo",
+                      pg=None, device_async=False)
+    record = OpRecord("torch.distributed.all_reduce", schema.OP_ALL_REDUCE, group, 1, 1)
+    recorder.inflight[record] = record
+    note_failure(recorder, record, exc)  # nothing raised here: the wrapper re-raises exc itself
+    assert record.state == schema.STATE_ERROR and record.end_ns and not recorder.inflight
+    assert record.error.startswith(type(exc).__name__)
+    assert recorder.errors == (1 if isinstance(exc, _OddExit) else 0)

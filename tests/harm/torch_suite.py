@@ -217,6 +217,8 @@ class ModeRun:
     outcomes: dict[str, Outcome]
     wall_s: float
     cpu_s: float  # user + system of the driver and its ranks: the firmer figure on a shared machine
+    returncode: int | None = 0  # the driver's (None: killed at the mode's cap)
+    log_tail: str = ""  # the driver's last lines where it did not exit 0
 
 
 def run_mode(names: Sequence[str], instrumented: bool, env: Mapping[str, str], workdir: Path,
@@ -236,8 +238,9 @@ def run_mode(names: Sequence[str], instrumented: bool, env: Mapping[str, str], w
     with log.open("w") as log_file, subprocess.Popen(
             mode_command(out, tests_file, instrumented, test_timeout_s), env=dict(env), cwd=str(REPO),
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True) as process:
+        returncode: int | None = None
         try:
-            process.wait(timeout=total_timeout_s)
+            returncode = process.wait(timeout=total_timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -249,7 +252,9 @@ def run_mode(names: Sequence[str], instrumented: bool, env: Mapping[str, str], w
     wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     data = json.loads(out.read_text()) if out.exists() else {}
-    return ModeRun({name: Outcome(v["status"], v["seconds"], v["detail"]) for name, v in data.items()}, wall, cpu)
+    outcomes = {name: Outcome(v["status"], v["seconds"], v["detail"]) for name, v in data.items()}
+    return ModeRun(outcomes, wall, cpu, returncode,
+                   "" if returncode == 0 else tail(log.read_text(errors="replace"), 30))
 
 
 def probe_findings(workdir: Path, mode: str) -> list[dict[str, Any]]:
@@ -320,6 +325,11 @@ class Comparison:
             lines.append(f"failed both: {name}: {tail(self.plain[name].detail, 1)}")
         for name in self.missing():
             lines.append(f"run in one mode only (the other was cut short): {name}")
+        for mode, run in self.runs.items():
+            if run.returncode != 0:
+                ended = "killed at its cap" if run.returncode is None else f"exited {run.returncode}"
+                lines.append(f"the {mode} driver {ended}; its last lines:")
+                lines.extend("    " + line for line in run.log_tail.splitlines())
         return "\n".join(lines)
 
 

@@ -407,7 +407,10 @@ class FrCoverage:
     the dump holds of its group was overwritten in the Flight Recorder's ring before it was read:
     counted in `lost`, never guessed."""
 
-    def __init__(self) -> None:
+    def __init__(self, since_ns: int = 0) -> None:
+        # collectives created before this (a runtime started late, instrumented again) are not this runtime's:
+        # passed over, neither built nor lost
+        self.since_ns = since_ns
         self._trails: dict[str, _Trail] = {}
         self.lost = 0  # unexplained seqs whose entries the ring no longer held (or never named)
         self.built = 0  # FrDone answered
@@ -482,14 +485,16 @@ class FrCoverage:
             trail = self._trails[gid]
             held = by_seq.get(gid, {})
             oldest = min(held) if held else None
+            before_us = oldest is not None and held[oldest].created_ns < self.since_ns
             for seq in waiting:
                 found = held.get(seq)
                 if found is not None:
-                    out.append(self._done(gid, trail, found))
+                    if found.created_ns >= self.since_ns:
+                        out.append(self._done(gid, trail, found))
                     trail.known.add(seq)
                     trail.misses.pop(seq, None)
                 elif oldest is not None and seq < oldest:
-                    self.lost += 1
+                    self.lost += 0 if before_us else 1
                     trail.known.add(seq)
                 else:
                     misses = trail.misses[seq] = trail.misses.get(seq, 0) + 1

@@ -39,7 +39,7 @@ from mycroft.instrumentation.directives import (
 from mycroft.instrumentation.export import Shipper, exporter_from_env
 from mycroft.instrumentation.flight_recorder import FrCoverage, FrDone, FrontierReader, torch_dtype_name
 from mycroft.instrumentation.recorder import OpRecord, Recorder
-from mycroft.instrumentation.sampling import TraceBudget
+from mycroft.instrumentation.sampling import EPOCH, LAG, MAX_LEVEL, Stream, TraceBudget
 from mycroft.instrumentation.spans import heartbeat_attributes, heartbeat_span, op_span, op_trace_id, readable
 from mycroft.instrumentation.stacks import issuing_thread, other_thread_stacks, thread_stack
 from mycroft.instrumentation.startup import host_attributes, launch_facts, launch_resource, named_resource
@@ -69,6 +69,9 @@ FULL_DUMP_GAP_S = 1.0
 # a completed seq is looked at once a read this long ago found it completed: the drains between noted the
 # Python ops' records (a tick is IDLE_TICK_S at most)
 SETTLE_NS = 400_000_000
+# epoch marks a group's Python collectives leave for its stream of Flight Recorder spans, at most (those spans
+# come a dump later: at 600 collectives/s and a dump per 3.2 s, ~120 epochs; 256 leave room)
+FR_MARKS_KEPT = 256
 # a host-synchronous op (gloo) no Python call of ours issued is looked up once it stayed open this long:
 # a healthy C++ op (a DDP bucket) ends before; a stuck one is named well before the RCA's 1 s hang minimum
 HOST_SYNC_OPEN_S = 0.5
@@ -113,6 +116,11 @@ def next_entry_dump(now_s: float, last_cost_s: float) -> float:
 def next_full_dump(now_s: float, last_cost_s: float) -> float:
     """When the next full entries dump may come: its cost spaced to FULL_DUMP_SHARE of the time."""
     return now_s + max(FULL_DUMP_GAP_S, last_cost_s / FULL_DUMP_SHARE)
+
+
+# the process's next full dump (monotonic s): the GIL is the process's, whichever runtime dumps (instrumented
+# again after uninstrument(), a runtime takes up the spacing where the last one left it)
+_NEXT_FULL_DUMP = [0.0]
 
 
 def negotiate_job_id(configured: str | None) -> str:
@@ -232,8 +240,7 @@ class Runtime:
         self._py_ops: collections.deque[PyOp] = collections.deque(maxlen=512)
         self._fr_ops: dict[tuple[str, int], OpRecord] = {}  # collectives only the Flight Recorder saw
         # completed collectives no Python call recorded, spanned from full entries dumps (flight_recorder.py)
-        self._coverage = FrCoverage()
-        self._next_full_dump = 0.0
+        self._coverage = FrCoverage(since_ns=time.time_ns())
         self._fr_windows: dict[OpRecord, int] = {}  # their records -> the window their end lies in (ns)
         self._directives: DirectiveWatcher | None = None
         control = control_from_env(os.environ)
@@ -409,6 +416,8 @@ class Runtime:
                 add_digest(gid, record.seq, record.op, record.bytes, readable(dtype) if dtype is not None else "")
                 if note is not None:
                     note(gid, record.seq)
+                    if not record.seq % EPOCH:  # its end also marks the group's epoch for the Flight Recorder's
+                        self._mark_fr_epoch(gid, record)
                 if record.device:
                     self._py_ops.append(PyOp(gid, record.seq, record.op, record.start_ns, record.call_end_ns))
                 trace_id, stream = trace_ids(job_id, gid)(record.seq), (gid, -1, -1)
@@ -425,6 +434,24 @@ class Runtime:
         # a failed op is the evidence of a mismatch or an abort: ship it before the process dies
         urgent, self.recorder.failures_pending = self.recorder.failures_pending, False
         self.shipper.submit(spans, urgent=urgent)
+
+    def _mark_fr_epoch(self, gid: str, record: OpRecord) -> None:
+        """A Python collective at an epoch boundary (seq % EPOCH == 0) marks that epoch's start for the group's
+        stream of Flight Recorder spans too: in a group where C++ and Python issue in turn (DDP's buckets
+        between all_gathers), that stream alone would seldom hold both ends of an epoch and never measure
+        its rate. It arrives before the Flight Recorder's spans of the epochs it rates, on every member."""
+        budget = self.budget
+        if record.state != schema.STATE_COMPLETED or budget.allowance == math.inf:
+            return
+        fr_stream = budget.streams.get((gid, -2, -2))
+        if fr_stream is None:  # as the budget makes it at its first op (a group of Python ops only: marks alone)
+            fr_stream = budget.streams[(gid, -2, -2)] = Stream(level=MAX_LEVEL if budget.allowance <= 0.0 else 0)
+        epoch = record.seq // EPOCH
+        marks = fr_stream.marks
+        if epoch >= fr_stream.epoch - LAG:
+            marks.setdefault(epoch, record.end_ns)
+            if len(marks) > FR_MARKS_KEPT:  # no Flight Recorder span takes them (a group of Python ops only)
+                del marks[min(marks)]
 
     def _drain_native(self) -> None:
         if not self.config.native:
@@ -545,13 +572,15 @@ class Runtime:
         # completed seqs nothing recorded, found completed a drain ago (last words: all of them); a first
         # look with only what was drained, nearly always enough
         settled = None if self._final_done else time.time_ns() - SETTLE_NS
+        now_s = time.monotonic()
         waiting = coverage.unexplained(settled_before_ns=settled)
-        if waiting:
+        # last words take one whatever the spacing: the last steps' buckets completed since the last dump
+        full_due = bool(waiting) and (now_s >= _NEXT_FULL_DUMP[0] or self._final_done)
+        if full_due:  # the records not drained yet are looked at only when a dump may follow
             known = self._known_ops()
-            waiting = coverage.unexplained(known, settled)
+            full_due = bool(coverage.unexplained(known, settled))
         open_groups = [info for info in groups if info.fr_enqueued > info.fr_completed]
         unknown: list[tuple[Any, int]] = []
-        now_s = time.monotonic()
         if open_groups:
             if known is None:
                 known = self._known_ops()
@@ -562,15 +591,13 @@ class Runtime:
         self._unknown_open = seen
         open_due = bool(unknown) and entry_dump_due(
             [(info.device_async, seen[(info.gid, seq)]) for info, seq in unknown], now_s, self._next_entry_dump)
-        # last words take one whatever the spacing: the last steps' buckets completed since the last dump
-        full_due = bool(waiting) and (now_s >= self._next_full_dump or self._final_done)
         if not open_due and not full_due:
             return
         entries = self._frontier.read_entries(active_only=not full_due)  # NCCL's onlyActive is small
         cost = self._frontier.entry_read_s
         self._next_entry_dump = next_entry_dump(time.monotonic(), cost)
         if full_due:
-            self._next_full_dump = next_full_dump(time.monotonic(), cost)
+            _NEXT_FULL_DUMP[0] = next_full_dump(time.monotonic(), cost)
         if unknown:
             self._adopt_open(unknown, entries)
         if full_due:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mycroft.instrumentation.flight_recorder import UNMATCHED_DUMPS, FrCoverage, FrEntry
 from mycroft.instrumentation.runtime import FULL_DUMP_GAP_S, FULL_DUMP_SHARE, next_full_dump
+from mycroft.instrumentation.sampling import EPOCH
 
 from mycroft import schema
 from mycroft.otlp import SpanRecord
@@ -162,3 +163,53 @@ def test_a_seq_is_looked_at_once_a_read_some_time_ago_found_it_completed() -> No
     cov.note("g", 3)
     cov.note("g", 4)
     assert cov.unexplained(settled_before_ns=2_500) == {"g": [1, 2]}
+
+
+def test_collectives_from_before_the_runtime_started_are_passed_over_not_built_nor_lost() -> None:
+    """Instrumented again (or started after init): the ring's history is not this runtime's to span."""
+    cov = FrCoverage(since_ns=1_000)
+    cov.observe("g", 6, 2_000)
+    done = cov.resolve({"0": "g"}, [_entry(s, created_ns=500 if s < 5 else 1_500) for s in (3, 4, 5, 6)])
+    assert [d.entry.seq for d in done] == [5, 6] and cov.lost == 0 and cov.unexplained() == {}
+
+
+@pytest.mark.slow
+def test_spans_built_from_the_flight_recorder_are_under_the_budget_whole_collectives(
+        otlp_sink: tuple[SpanSink, int]) -> None:
+    """A budget the job exceeds: the buckets' spans are sampled like any op's (fewer than the buckets), and a
+    bucket kept on one rank is kept on all three, unless the members kept that epoch with different
+    probabilities (a rate change within their measuring skew: the budget's one allowed disagreement)."""
+    sink, port = otlp_sink
+    steps = 120
+    result = run_torchrun(JOB, RANKS, instrumented_env(port, MYCROFT_JOB_ID="every-budget",
+                                                      MYCROFT_HEARTBEAT_INTERVAL="0.5", MYCROFT_TRACE_BUDGET="6"),
+                          "--steps", str(steps))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sink.wait_for(lambda spans: len({s.rank for s in spans if s.attributes.get(schema.ATTR_HB_FINAL)})
+                         == RANKS, 20)
+    spans = sink.snapshot()
+    built = [s for s in world_spans(spans) if schema.ATTR_END_WINDOW_S in s.attributes]
+    beats = {s.rank: s for s in spans if s.attributes.get(schema.ATTR_HB_FINAL)}
+    for rank in range(RANKS):
+        mine = [s for s in built if s.rank == rank]
+        made = beats[rank].attributes[schema.ATTR_HB_FR_BUILT]
+        assert isinstance(made, int) and made >= steps - 2  # built: the buckets (a few went in flight instead)
+        assert 0 < len(mine) < made / 2, (len(mine), made)  # sent: the first epochs whole, then sampled
+        assert beats[rank].attributes[schema.ATTR_HB_FR_LOST] == 0
+    ranks_of: dict[int, set[int]] = defaultdict(set)
+    seen: dict[int, dict[int, set[float]]] = defaultdict(lambda: defaultdict(set))  # epoch -> rank -> probabilities
+    for span in built:
+        seq = span.attributes[schema.ATTR_SEQ]
+        probability = span.attributes.get(schema.ATTR_SAMPLE_PROBABILITY, 1.0)
+        assert isinstance(seq, int) and isinstance(probability, float | int)
+        ranks_of[seq].add(span.rank)
+        seen[seq // EPOCH][span.rank].add(float(probability))
+
+    def disagreed(epoch: int) -> bool:  # as test_diet: a member that kept none of the epoch shows nothing
+        return len(seen[epoch]) < RANKS or len(set().union(*seen[epoch].values())) > 1
+
+    partial = [seq for seq, ranks in ranks_of.items() if ranks != set(range(RANKS))]
+    assert all(disagreed(seq // EPOCH) for seq in partial), [(seq, dict(seen[seq // EPOCH])) for seq in partial]
+    print(f"built {[beats[r].attributes[schema.ATTR_HB_FR_BUILT] for r in range(RANKS)]}, sent "
+          f"{[len([s for s in built if s.rank == r]) for r in range(RANKS)]}, collectives kept {len(ranks_of)}, "
+          f"part-kept {len(partial)}")

@@ -225,6 +225,7 @@ class DirectiveWatcher:
         self.failures = 0
         self._failure_logged = False
         self._discovery_logged = False
+        self._ack: int | None = None  # a directive relayed to this host's ranks, acknowledged with the next poll
 
     # ------------------------------------------------------------------ every rank (runtime thread)
     def check(self) -> dict[str, Any] | None:
@@ -313,15 +314,24 @@ class DirectiveWatcher:
                 continue
             if directive is not None:
                 self._relay(directive)
+                seq = directive.get("seq")
+                if isinstance(seq, int):
+                    self._ack = seq  # the next poll (at once) tells the service its ranks have it
 
     def poll_once(self, wait_s: float = POLL_WAIT_S) -> dict[str, Any] | None:
-        query = urllib.parse.urlencode({"job": self.job_id, "run": self.run_id, "after": self._after,
-                                        "wait": int(wait_s), "host": self.host})
+        fields: dict[str, Any] = {"job": self.job_id, "run": self.run_id, "after": self._after, "wait": int(wait_s),
+                                  "host": self.host}
+        acked = self._ack
+        if acked is not None:
+            fields["acked"] = acked
+        query = urllib.parse.urlencode(fields)
         request = urllib.request.Request(f"{self.control.endpoint}/api/v1/directives?{query}")
         if self.control.token:
             request.add_header("Authorization", f"Bearer {self.control.token}")
         self.polls += 1
         with self._opener(request, timeout=wait_s + 10) as response:
+            if acked is not None and self._ack == acked:
+                self._ack = None  # the service has it (a failed poll keeps it for the next)
             if response.status == 204:
                 return None
             directive = json.loads(response.read(1 << 16))
@@ -395,6 +405,25 @@ class DirectiveWatcher:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.directory, entry))
         return True
+
+
+    def sweep_after_kills(self, settle_s: float = 0.5) -> bool:
+        """After this rank killed its frozen siblings (reap_stopped_siblings): the job's files go once no
+        live rank of it is left on the host. A sibling SIGKILLed a moment ago reads as running while it
+        dies, so a rank that left just before could not clean up: waited for up to settle_s. True when
+        the files went."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            entries = _job_files(self.directory).get(self.tag, [])
+            live, _ = _members(self.directory, entries, self.tag)
+            if not [pid for pid in live if pid != os.getpid()]:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.directory, entry))
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
 
 def _ack_prefix(relay_path: str, directive: Mapping[str, Any]) -> str:

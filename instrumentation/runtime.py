@@ -780,7 +780,9 @@ class Runtime:
                 facts = launch_facts(os.environ)
                 watcher.wait_for_host(directive, facts.local_world_size if facts else 0)
         abort_process_groups(1.0)
-        reap_stopped_siblings()
+        if reap_stopped_siblings() and watcher is not None:
+            with contextlib.suppress(Exception):
+                watcher.sweep_after_kills()  # the killed ones cannot leave: the host's files go with us
         os._exit(code)
 
     def _atexit(self) -> None:

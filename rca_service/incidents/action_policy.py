@@ -69,9 +69,10 @@ RATE_LIMITED = "rate_limited"
 SKIPPED = "skipped"  # the rule matched, the action does not apply (no node implicated, host unknown, ...)
 CANCELLED = "cancelled"  # its incident resolved before its delay ran out
 INTERRUPTED = "interrupted"  # an exec the service died in: not run twice
-UNDELIVERABLE = "undeliverable"  # an abort directive published for a job none of whose ranks poll
+UNDELIVERABLE = "undeliverable"  # an abort no rank acknowledged: nobody polls (a collector in front), or none acked
+PUBLISHED = "published"  # an abort directive out, waiting for a rank's acknowledgment (then DONE or UNDELIVERABLE)
 #: results that count against the rate limits (what was or will be done, or would have been)
-COUNTED = frozenset({OWED, RUNNING, DONE, FAILED, OBSERVED, INTERRUPTED, UNDELIVERABLE})
+COUNTED = frozenset({OWED, RUNNING, PUBLISHED, DONE, FAILED, OBSERVED, INTERRUPTED, UNDELIVERABLE})
 
 # incident kinds a verdict on direct evidence can have (slowdown / stall are statistical)
 TRUSTABLE_KINDS = frozenset({HANG, CRASH, DEADLOCK, MISMATCH})

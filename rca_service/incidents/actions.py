@@ -40,6 +40,7 @@ from .action_policy import (
     EXEC,
     FAILED,
     OWED,
+    PUBLISHED,
     RUNNING,
     UNDELIVERABLE,
     History,
@@ -56,6 +57,13 @@ from .tracker import FIRING, Incident
 log = logging.getLogger("mycroft.rca.actions")
 
 ABORT = "abort"  # the directive's action
+
+
+def _unheard(job: str, now: float, last: float | None) -> str:
+    """Why no rank of `job` can receive its abort, in words."""
+    since = f"last poll {now - last:.0f}s ago" if last is not None else "never polled"
+    return (f"no rank of job {job} polls /api/v1/directives ({since}): ranks that reach the service only "
+            "through a collector need MYCROFT_CONTROL_ENDPOINT set to it (docs/actions.md)")
 
 
 def job_facts(job: JobState | None, incident: Incident) -> JobFacts:
@@ -92,6 +100,8 @@ class ActionRunner:
         self.started_at = clock()
         self.live_ranks = live_ranks  # job -> how many of its ranks are alive now (None: job unknown)
         self._killers: list[threading.Thread] = []
+        # published aborts waiting for a rank's acknowledgment: row id -> (row, directive seq, published at)
+        self._awaiting: dict[int, tuple[ActionRow, int, float]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -113,6 +123,8 @@ class ActionRunner:
         if again or interrupted:
             log.warning("actions after a restart: %d owed again, %d exec interrupted (not run twice)",
                         again, interrupted)
+        for row, seq in self.store.published_aborts():  # acknowledged after the restart, or not
+            self._awaiting[row.id] = (row, seq, self.clock())
         self._thread = threading.Thread(target=self._run, name="mycroft-rca-actions", daemon=True)
         self._thread.start()
         return self
@@ -132,6 +144,7 @@ class ActionRunner:
         while not self._stop.is_set():
             try:
                 self.run_due()
+                self.settle_published()
             except Exception:  # a bad row must not stop the others
                 log.exception("action pass failed")
             due = self.store.next_due_at()
@@ -176,7 +189,7 @@ class ActionRunner:
         return result
 
     def _done(self, row: ActionRow, result: str, detail: str) -> None:
-        (log.warning if result in (DONE, UNDELIVERABLE) else log.error)(
+        (log.warning if result in (DONE, PUBLISHED, UNDELIVERABLE) else log.error)(
             "action %s %s for incident %s: %s (%s)", row.action, row.target, row.incident, result, detail[:300])
         if self.on_done is not None:
             try:
@@ -202,7 +215,7 @@ class ActionRunner:
         """This incident's abort_job, when one was decided to run (owed, running or published to polling
         ranks): a kill waits for it. An abort nobody can receive (undeliverable) is not waited for."""
         for action in self.store.actions_of([incident]).get(incident, []):
-            if action["action"] == ABORT_JOB and action["result"] in (OWED, RUNNING, DONE):
+            if action["action"] == ABORT_JOB and action["result"] in (OWED, RUNNING, PUBLISHED, DONE):
                 return dict(action)
         return None
 
@@ -218,7 +231,7 @@ class ActionRunner:
             if abort is None:
                 return ""
             now = self.clock()
-            published = abort["result"] == DONE
+            published = abort["result"] in (PUBLISHED, DONE)
             deadline = (float(abort.get("at_unix") or now) if published else began) + bound
             live = self.live_ranks(row.job) if self.live_ranks is not None and published else None
             steps: list[str] | None = []
@@ -246,19 +259,43 @@ class ActionRunner:
         directive = {"job": job, "run": run, "incident": row.incident, "action": ABORT, "reason": reason,
                      "exit_code": exit_code, "issued_at_unix": now, "expires_at_unix": expires}
         polling, last = self.board.pollers(job, now, self.poll_window_s)
-        if polling:
-            result, detail = DONE, f"directive {{seq}} published: {polling} host(s) of job {job} poll directives"
-        elif now - self.started_at < self.poll_window_s:
-            result, detail = DONE, (f"directive {{seq}} published; no poll of job {job} seen in the "
-                                    f"{now - self.started_at:.0f}s since the service started")
+        if polling or now - self.started_at < self.poll_window_s:
+            result, detail = PUBLISHED, (f"directive {{seq}} published, {polling} host(s) of job {job} polling: "
+                                         "done once a rank acknowledges it")
         else:
-            since = f"last poll {now - last:.0f}s ago" if last is not None else "never polled"
-            result, detail = UNDELIVERABLE, (
-                f"directive {{seq}} published, but no rank of job {job} polls /api/v1/directives ({since}): "
-                "ranks that reach the service only through a collector cannot receive it (docs/actions.md)")
+            result, detail = UNDELIVERABLE, _unheard(job, now, last)
         seq = self.store.finish_with_directive(row, directive, result, detail, self.clock())
         self.board.publish(directive_dict(seq, job, run, row.incident, ABORT, reason, exit_code, now, expires))
+        if result == PUBLISHED:
+            self._awaiting[row.id] = (row, seq, now)
+            self._wake.set()
         return result, detail.replace("{seq}", str(seq))
+
+    def settle_published(self, now: float | None = None) -> int:
+        """Published aborts become DONE once a host's poller acknowledged handing them to its ranks, or
+        UNDELIVERABLE, saying why, when none did within poll_window_s (a poll is answered at once when
+        held, else at the next one: 2 x the longest hold + slack); how many were settled."""
+        now = self.clock() if now is None else now
+        settled = 0
+        for row_id, (row, seq, at) in list(self._awaiting.items()):
+            count, hosts = self.board.acknowledged(seq)
+            if count:
+                named = ", ".join(hosts[:8]) + (f" and {count - 8} more" if count > 8 else "")
+                result, detail = DONE, f"directive {seq} acknowledged by {count} host(s) of job {row.job}: {named}"
+            elif now - at >= self.poll_window_s:
+                handed = self.board.handed(seq)
+                _, last = self.board.pollers(row.job, now, self.poll_window_s)
+                result, detail = UNDELIVERABLE, (
+                    f"directive {seq} handed to {handed} poll(s) of job {row.job}, but no host acknowledged it "
+                    f"within {self.poll_window_s:.0f}s (its ranks gone or frozen?)" if handed else
+                    f"directive {seq}: {_unheard(row.job, now, last)}")
+            else:
+                continue
+            del self._awaiting[row_id]
+            if self.store.set_action(row_id, result, detail, now, expect=PUBLISHED):
+                settled += 1
+                self._done(row, result, detail)
+        return settled
 
     def _execute(self, row: ActionRow, incident: dict[str, Any]) -> tuple[str, str]:
         params = row.params

@@ -8,8 +8,9 @@ every directive (written with its action's result), and a restart loads the live
 A directive is served until it expires (`ttl_s` of its action: a later launch of the same job
 id must not be aborted by it) and only to polls of its run when both name one.
 
-It also notes which hosts of which job poll, so that an abort no rank can receive (ranks that
-reach the service only through a collector) is recorded as undeliverable instead of done.
+It also notes which hosts of which job poll, and which acknowledged a directive (the host's poller
+polls again with `acked=<seq>` once it has handed the directive to its ranks): an abort is done
+only when a rank acknowledged it, else undeliverable with why (actions.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .action_policy import base_job
 MAX_PER_JOB = 16  # directives kept per job (an abort is the last word; a few in a row at most)
 MAX_JOBS = 4096
 MAX_POLLERS_PER_JOB = 32_768  # hosts (or ranks polling directly) remembered per job
+MAX_ACKED_PER_DIRECTIVE = 1024  # hosts named per acknowledged directive (the count goes on)
 
 
 class DirectiveBoard:
@@ -34,6 +36,8 @@ class DirectiveBoard:
         self._by_job: dict[str, deque[dict[str, Any]]] = {}
         self._waiters: dict[str, set[Callable[[], None]]] = {}
         self._pollers: dict[str, dict[str, float]] = {}  # job -> host (or peer) -> last poll
+        self._acked: dict[int, tuple[int, list[str]]] = {}  # directive seq -> (hosts that acked, the first few)
+        self._handed: dict[int, int] = {}  # directive seq -> polls it was handed to
         self.polls = 0
         self.delivered = 0
 
@@ -68,6 +72,9 @@ class DirectiveBoard:
                 if directive["seq"] > after and directive["expires_at_unix"] > now and \
                         (not run or not directive.get("run") or directive["run"] == run):
                     self.delivered += 1
+                    seq = int(directive["seq"])
+                    if seq in self._handed or len(self._handed) < MAX_JOBS * MAX_PER_JOB:
+                        self._handed[seq] = self._handed.get(seq, 0) + 1
                     return directive
         return None
 
@@ -99,6 +106,33 @@ class DirectiveBoard:
             if who not in pollers and len(pollers) >= MAX_POLLERS_PER_JOB:
                 return
             pollers[who] = now
+
+    def note_ack(self, job: str, seq: int, who: str) -> bool:
+        """A host's poller handed directive `seq` of `job` to its ranks; False for a seq the job never had."""
+        key = base_job(job)
+        with self._lock:
+            if not any(d["seq"] == seq for d in self._by_job.get(key, ())):
+                return False
+            count, names = self._acked.get(seq, (0, []))
+            if who in names:
+                return True
+            if len(names) < MAX_ACKED_PER_DIRECTIVE:
+                names = [*names, who]
+            self._acked[seq] = (count + 1, names)
+            while len(self._acked) > MAX_JOBS * MAX_PER_JOB:
+                del self._acked[min(self._acked)]  # the oldest directives' acknowledgments go first
+            return True
+
+    def acknowledged(self, seq: int) -> tuple[int, list[str]]:
+        """(hosts that acknowledged directive `seq`, the first of them by name)."""
+        with self._lock:
+            count, names = self._acked.get(seq, (0, []))
+            return count, list(names)
+
+    def handed(self, seq: int) -> int:
+        """How many polls directive `seq` was handed to (delivered, acknowledged or not)."""
+        with self._lock:
+            return self._handed.get(seq, 0)
 
     def pollers(self, job: str, now: float, within_s: float) -> tuple[int, float | None]:
         """(hosts of `job` that polled within `within_s`, when it was last polled at all)."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from mycroft.auth import RUN_SEPARATOR
 
-from .action_policy import COUNTED, EXEC, OWED, RUNNING, PlannedAction, Recent, base_job
+from .action_policy import COUNTED, EXEC, OWED, PUBLISHED, RUNNING, PlannedAction, Recent, base_job
 from .hosts import HostAction, HostIncident, HostSeen, host_rows
 from .tracker import FIRING, Incident, rfc3339
 
@@ -252,6 +252,16 @@ class Store:
             rows = self._db.execute(f"SELECT {_ACTION_COLUMNS} FROM actions WHERE result = ? AND due_at <= ? "
                                     "ORDER BY due_at, id LIMIT ?", (OWED, now, limit)).fetchall()
         return [ActionRow(*row) for row in rows]
+
+    def published_aborts(self) -> list[tuple[ActionRow, int]]:
+        """Abort actions published and not yet acknowledged (result PUBLISHED), each with its directive's seq:
+        after a restart the runner waits for their acknowledgment again."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {', '.join('a.' + c.strip() for c in _ACTION_COLUMNS.split(','))}, MAX(d.seq) "
+                "FROM actions a JOIN directives d ON d.incident = a.incident AND d.job = a.job "
+                "WHERE a.result = ? GROUP BY a.id", (PUBLISHED,)).fetchall()
+        return [(ActionRow(*row[:-1]), int(row[-1])) for row in rows]
 
     def next_due_at(self) -> float | None:
         with self._lock:

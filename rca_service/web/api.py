@@ -37,7 +37,7 @@ API_LIMITS = HttpLimits(max_body_bytes=64 * 1024, max_decoded_bytes=64 * 1024, w
 MAX_LIMIT = 10_000
 INCIDENT_QUERY = ("limit", "job", "status")
 DIRECTIVES = "/api/v1/directives"
-QUERIES = {"/api/v1/incidents": INCIDENT_QUERY, DIRECTIVES: ("job", "run", "after", "wait", "host"),
+QUERIES = {"/api/v1/incidents": INCIDENT_QUERY, DIRECTIVES: ("job", "run", "after", "wait", "host", "acked"),
            "/api/v1/hosts": ("limit",), "/api/v1/hosts/suspect": ("format",)}
 
 
@@ -170,13 +170,17 @@ class ApiHandler:
         try:
             after = int(query.get("after", "0"))
             wait = float(query.get("wait", "0"))
+            acked = int(query["acked"]) if query.get("acked") else None
         except ValueError as exc:
-            raise HttpError(400, "after must be an integer, wait a number of seconds") from exc
-        if after < 0 or not math.isfinite(wait) or wait < 0:
-            raise HttpError(400, "after and wait must be >= 0")
+            raise HttpError(400, "after and acked must be integers, wait a number of seconds") from exc
+        if after < 0 or not math.isfinite(wait) or wait < 0 or (acked is not None and acked < 0):
+            raise HttpError(400, "after, acked and wait must be >= 0")
         wait = min(wait, self.backend.max_directive_wait_s)
         board = self.backend.directives
-        board.note_poll(base, (query.get("host") or request.peer or "?")[:256], time.time())
+        who = (query.get("host") or request.peer or "?")[:256]
+        board.note_poll(base, who, time.time())
+        if acked:
+            board.note_ack(base, acked, who)
 
         def ready() -> Response | None:
             found = board.next(base, run, after, time.time())

@@ -212,6 +212,9 @@ OPENAPI: dict[str, Any] = {
                     {"name": "host", "in": "query", "schema": {"type": "string"},
                      "description": "the polling host (who listens is recorded: an abort nobody polls for is "
                                     "undeliverable)"},
+                    {"name": "acked", "in": "query", "schema": {"type": "integer", "minimum": 0},
+                     "description": "the seq of a directive this host's poller handed to its ranks: the abort "
+                                    "is done once a host acknowledged it"},
                 ],
                 "responses": {"200": {"description": "a directive", "content": {"application/json": {"schema": {
                     "$ref": "#/components/schemas/Directive"}}}},

@@ -124,19 +124,25 @@ rules:
     api = f"http://127.0.0.1:{ports['http']}"
     try:
         assert wait_until(lambda: _lines(ran) == 1, 15)
-        assert wait_until(lambda: {a["result"] for a in _actions(api, "act").values()} == {"done"}, 10), \
-            _actions(api, "act")
+        # the abort is out, not done: no rank has acknowledged it yet
+        assert wait_until(lambda: {a["action"]: a["result"] for a in _actions(api, "act").values()} ==
+                          {"exec": "done", "abort_job": "published"}, 10), _actions(api, "act")
         time.sleep(2.0)  # the hang goes on, incident events keep coming: nothing runs twice
         assert _lines(ran) == 1
         incident = _incident(api, "act")
         assert incident is not None
         stdin = json.loads(Path(f"{ran}.stdin.json").read_text())
         assert stdin["incident"]["id"] == incident["id"] and stdin["action"]["action"] == "exec"
-        code, body = http(f"{api}/api/v1/directives?job=act&after=0")
+        # a host's poller, as instrumentation/directives.py polls: the directive, then its acknowledgment
+        code, body = http(f"{api}/api/v1/directives?job=act&after=0&host=node3")
         directive = json.loads(body)
         assert code == 200 and directive["action"] == "abort" and directive["incident"] == incident["id"]
         assert directive["reason"].startswith("rank 2 (not_entered) in a hang") and directive["exit_code"] == 75
-        assert http(f"{api}/api/v1/directives?job=act&after={directive['seq']}")[0] == 204
+        assert _actions(api, "act")["abort_job"]["result"] == "published"  # handed over, not acknowledged yet
+        assert http(f"{api}/api/v1/directives?job=act&after={directive['seq']}&host=node3"
+                    f"&acked={directive['seq']}")[0] == 204
+        assert wait_until(lambda: _actions(api, "act")["abort_job"]["result"] == "done", 10), _actions(api, "act")
+        assert "acknowledged by 1 host(s) of job act: node3" in _actions(api, "act")["abort_job"]["detail"]
         # the receiver heard what was done: a follow-up once the actions completed
         assert wait_until(lambda: any("abort_job act: done" in p["alerts"][0]["annotations"]["actions"]
                                       for p in hook.payloads()), 10), [p["alerts"][0]["annotations"]["actions"]
@@ -176,12 +182,15 @@ rules:
     api = f"http://127.0.0.1:{ports['http']}"
     try:
         assert wait_until(lambda: _lines(ran) == 1, 15)
-        assert wait_until(lambda: {a["result"] for a in _actions(api, "k9").values()} == {"done"}, 10), \
-            _actions(api, "k9")
+        assert wait_until(lambda: {a["action"]: a["result"] for a in _actions(api, "k9").values()} ==
+                          {"exec": "done", "abort_job": "published"}, 10), _actions(api, "k9")
         time.sleep(2.0)
         assert _lines(ran) == 1
         code, body = http(f"{api}/api/v1/directives?job=k9")
         assert code == 200 and json.loads(body)["seq"] == 1
+        assert http(f"{api}/api/v1/directives?job=k9&after=1&acked=1&host=n0")[0] == 204  # its host acknowledges
+        assert wait_until(lambda: {a["result"] for a in _actions(api, "k9").values()} == {"done"}, 10), \
+            _actions(api, "k9")
         assert http(f"{api}/api/v1/directives?job=k9&after=1")[0] == 204  # one directive, not two
         assert len([i for i in get_json(f"{api}/api/v1/incidents?job=k9") if i["kind"] == "hang"]) == 1
     finally:
@@ -253,7 +262,12 @@ def test_directive_long_poll_answers_on_publish_and_on_timeout(directive_service
         directive = json.loads(body)
         assert code == 200 and directive["job"] == "dir-a" and directive["action"] == "abort"
         (action,) = service.store.actions_of([directive["incident"]])[directive["incident"]]
-        assert action["result"] == "done" and "2 host(s) of job dir-a poll" in action["detail"]  # node0, 127.0.0.1
+        # out to the 2 polling hosts (node0, 127.0.0.1), done only once one acknowledges it
+        assert action["result"] == "published" and "2 host(s) of job dir-a polling" in action["detail"]
+        acked = f"{api}/api/v1/directives?job=dir-a&after={directive['seq']}&acked={directive['seq']}&host=node0"
+        assert http(acked, headers=_bearer(INGEST))[0] == 204
+        assert wait_until(lambda: service.store.actions_of([directive["incident"]])[directive["incident"]][0]
+                          ["result"] == "done", 10)
         assert at - directive["issued_at_unix"] < 1.0 and service.board.held() == 0  # woken, not re-polled
         # a relaunch (another run id) is not aborted by it; the same run (or a poll without one) is
         assert directive["run"] == "r1"
@@ -261,6 +275,24 @@ def test_directive_long_poll_answers_on_publish_and_on_timeout(directive_service
         assert http(f"{url}&run=r1", headers=_bearer(INGEST))[0] == 200
     finally:
         feeder.stop()
+
+
+def test_an_abort_handed_over_but_never_acknowledged_is_undeliverable_saying_so(tmp_path: Path) -> None:
+    """A poll took the directive and no host acknowledged it (its ranks gone or frozen before they relayed
+    it): after the poll window (2 x the longest hold + 5 s) the abort is undeliverable, not done."""
+    service = _service(tmp_path, "mode: act\nrules: [{kinds: [hang], do: [abort_job]}]", directive_max_wait_s=1.0)
+    feeder = Feeder("no-ack", service.receiver.http_port or 0)
+    try:
+        api = f"http://127.0.0.1:{service.api.port}"
+        assert wait_until(lambda: _actions(api, "no-ack").get("abort_job", {}).get("result") == "published", 15)
+        assert http(f"{api}/api/v1/directives?job=no-ack&after=0&host=frozen")[0] == 200
+        assert wait_until(lambda: _actions(api, "no-ack")["abort_job"]["result"] != "published", 15)
+        action = _actions(api, "no-ack")["abort_job"]
+        assert action["result"] == "undeliverable" and "handed to 1 poll(s)" in action["detail"], action
+        assert http(f"{api}/api/v1/directives?job=no-ack&acked=x")[0] == 400
+    finally:
+        feeder.stop()
+        service.stop()
 
 
 def test_abort_of_a_job_whose_ranks_never_poll_is_undeliverable(tmp_path: Path) -> None:

@@ -786,6 +786,13 @@ class Runtime:
         os._exit(code)
 
     def _atexit(self) -> None:
+        if self._aborting_with:
+            # The runtime thread is leaving on the RCA's abort and the main thread got here first: a peer that
+            # left before it reset the connection its collective waited on, so the training raised and the
+            # interpreter exits (with 1) before the runtime thread's os._exit. The abort's code is the exit
+            # code: wait for the runtime thread to exit with it (HOST_GATHER_S and the groups' abort at most).
+            time.sleep(HOST_GATHER_S + 2.0)
+            os._exit(self._aborting_with)
         with contextlib.suppress(Exception):
             self.teardown(exit_reason="exit")
 

@@ -171,11 +171,12 @@ def test_sigstop_drains_then_every_live_rank_exits_75_before_the_job_is_killed(
     assert incident["root_cause_hosts"]["2"] == "node17"
     # the drain: at once, on node17, with a reason sinfo -R shows in its first 20 characters
     assert drain["result"] == "done" and drain["target"] == "node17", drain
-    assert run["reason"].startswith(f"mycroft {incident['kind']}: rank 2 process_lost: ")
+    assert run["reason"].startswith(f"mycroft {incident['kind']}: rank 2 process_lost")  # maybe " (+1 more)"
     assert run["reason"].endswith(f"; incident {incident['id']}") and run["reason"].count(incident["id"]) == 1
     assert f"mycroft {incident['kind']}: rank 2"[:20] in run["sinfo_r"]
     # the abort ran first; the kill waited for the ranks to leave (not its bound)
-    assert abort["result"] == "done" and abort["at_unix"] <= drain["at_unix"]
+    # (published when the drain was done, or already acknowledged by the host's poller: done)
+    assert abort["result"] in ("published", "done") and abort["due_at_unix"] <= drain["at_unix"], abort
     assert f"{kill} {run['job_id']}" in drain["detail"] or f"scancel {run['job_id']}" in drain["detail"], drain
     assert "after the abort's ranks left" in drain["detail"], drain["detail"]
     # every live rank printed the line and exited 75 (srun saw their exit codes: they were not killed);

@@ -624,7 +624,11 @@ def _apply_op_span(job: JobState, rank: RankState, record: SpanRecord, received_
         group.op_seqs = dict.fromkeys(s for s in group.op_seqs if s in group.seqs)
     group.version += 1
     me = rank.rank
-    sig = (op, _int(a.get(schema.ATTR_BYTES)), str(a.get(schema.ATTR_DTYPE, "")))
+    # a span built from the Flight Recorder (C++-issued: DDP buckets, ...) names the dtype of the entry's first
+    # input as torch recorded it, not what the caller passed: not compared (op and bytes are). A DDP job with a
+    # blocked rank paged a false dtype mismatch at a bucket's seq (test_srun)
+    dtype = "" if a.get(schema.ATTR_SOURCE) == schema.SOURCE_FLIGHT_RECORDER else str(a.get(schema.ATTR_DTYPE, ""))
+    sig = (op, _int(a.get(schema.ATTR_BYTES)), dtype)
     if rec.sigs.get(me, sig) != sig or rec.states.get(me, state) != state:
         rec.rewrites += 1  # what the member said here changed (not only added to): re-read it all
     rec.sigs[me] = sig

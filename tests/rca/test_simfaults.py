@@ -37,13 +37,20 @@ def runs() -> dict[str, dict[str, Any]]:
     return _simulate("all,none", seconds=22, warmup=6)
 
 
+# Faults named from the flows' progress (rca_service/analysis/flow_deps.py): the link rules keep evidence
+# across heartbeats and collectives before naming a link (4 samples of a link, a lead held 3 intervals), so a
+# verdict holds instead of flipping between neighbours (issue 44); at 1 Hz that is named at 8-9 s here
+SLOW_LINK_FAULTS = frozenset({"nic_bw_limit", "pcie_downgrade", "proxy_delay", "bg_net_traffic"})
+
+
 @pytest.mark.slow  # real processes, seconds each
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_is_named_over_the_real_path(runs: dict[str, dict[str, Any]], fault: str) -> None:
     run = runs[fault]
     assert run["right"], run
     assert run["heartbeats_lost"] == 0 and run["false_incidents_before_fault"] == 0, run
-    assert run["detected_s"] is not None and 0 <= run["detected_s"] < 8.0, run
+    limit = 12.0 if fault in SLOW_LINK_FAULTS else 8.0
+    assert run["detected_s"] is not None and 0 <= run["detected_s"] < limit, run
     if fault == "deadlock":
         named = {r for _, r in run["verdict_root_causes"]}
         assert run["fault_rank"] in named or run["fault_partner"] in named, run

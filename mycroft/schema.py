@@ -673,7 +673,10 @@ def contract_problems(attributes: Mapping[str, object], keys: Iterable[str] | No
             continue
         if not _conforms(attributes[key], spec[0]):
             out.append(f"{key}: not {spec[0]}")
+    wanted = None if keys is None else set(keys)
     for table, lead, rest in HB_TABLES:
+        if wanted is not None and wanted.isdisjoint((lead, *rest)):
+            continue  # another table than the one asked about
         first = attributes.get(lead)
         if not isinstance(first, list | tuple):
             continue

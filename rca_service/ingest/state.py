@@ -7,8 +7,8 @@ Memory is bounded: a window of sequence numbers per group, capped groups, ranks 
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -375,8 +375,6 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     rank.posted_only = a.get(schema.ATTR_HB_POSTED_ONLY) is True
     # a device-async backend (NCCL) sends its Flight Recorder frontier: its ops run on after their call returns
     rank.device_async = schema.ATTR_HB_GROUP_FR_COMPLETED in a
-    if schema.ATTR_HB_FLOW_COMMS in a:
-        _check_flow_table(job, a)
     if _fold_fast is not None and rank.phase in _STEADY_PHASES and a.get(schema.ATTR_HB_PHASE) in _STEADY_PHASES:
         # start-up heartbeats, and the first one after them, take the Python fold (it reads the phase)
         folded = _fold_fast.fold(job, rank, a, received_at, record.end_ns, cfg.max_stack_chars,
@@ -388,19 +386,23 @@ def _apply_heartbeat(job: JobState, rank: RankState, record: SpanRecord, receive
     _apply_heartbeat_python(job, rank, record, received_at, cfg)
 
 
-CONTRACT_REFUSED = "contract_refused"  # job.memo: Counter of flow-table contract problems, the tables dropped
+CONTRACT_REFUSED = "flow_table_contract"  # apply_records' `rejected` reason: flow tables off the contract, dropped
 
 
-def _check_flow_table(job: JobState, a: dict[str, Any]) -> None:
-    """The native flow table against the typed contract (schema.contract_problems): a table whose arrays
-    are not of their types or not all of one length is dropped from the heartbeat (the rest of it is
-    folded) and counted, never read at the wrong index."""
-    problems = schema.contract_problems(a, FLOW_TABLE_KEYS)
-    if problems:
-        for key in FLOW_TABLE_KEYS:
-            a.pop(key, None)
-        counts = job.memo.setdefault(CONTRACT_REFUSED, Counter())
-        counts.update(problems[:4])
+def _flow_tables_checked(records: Iterable[SpanRecord], rejected: dict[str, int] | None) -> Iterator[SpanRecord]:
+    """The records, each heartbeat's native flow table checked against the typed contract first
+    (schema.contract_problems): a table whose arrays are not of their types or not all of one length is
+    dropped from the heartbeat (the rest of it is folded, by either fold alike) and counted in `rejected`,
+    never read at the wrong index."""
+    comms = schema.ATTR_HB_FLOW_COMMS
+    for record in records:
+        a = record.attributes
+        if comms in a and schema.contract_problems(a, FLOW_TABLE_KEYS):
+            for key in FLOW_TABLE_KEYS:
+                a.pop(key, None)
+            if rejected is not None:
+                rejected[CONTRACT_REFUSED] = rejected.get(CONTRACT_REFUSED, 0) + 1
+        yield record
 
 
 def _apply_heartbeat_python(job: JobState, rank: RankState, record: SpanRecord, received_at: float,
@@ -663,7 +665,7 @@ def apply_records(jobs: dict[str, JobState], records: Iterable[SpanRecord], rece
     # the job of each distinct (interned) resource facts, as of this call: a batch of 512 ranks'
     # heartbeats of one job looks its job up once (checked still current: a later record may evict it)
     jobs_by_facts: dict[int, JobState] = {}
-    records = iter(records)
+    records = _flow_tables_checked(records, rejected)
     for first in records:
         record: SpanRecord | None = first
         while record is not None:

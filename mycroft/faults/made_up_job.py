@@ -33,6 +33,7 @@ def resource(job: str, rank: int, world: int, pid: int | None = None) -> dict[st
     return {
         schema.RES_SERVICE_NAME: job, schema.RES_JOB_ID: job, schema.RES_RUN_ID: f"{job}.0", schema.RES_RANK: rank,
         schema.RES_WORLD_SIZE: world, schema.RES_LOCAL_RANK: rank, schema.RES_HOST_NAME: "host0",
+        schema.RES_OS_HOST_NAME: "host0",
         schema.RES_PROCESS_PID: pid or 1000 + rank, schema.RES_SCHEMA_VERSION: schema.SCHEMA_VERSION,
         schema.RES_LAUNCHER: "torchrun", schema.RES_NODE_RANK: 0, schema.RES_LOCAL_WORLD_SIZE: world,
         schema.RES_TRACE_BUDGET: DEFAULT_TRACE_BUDGET,

@@ -99,8 +99,11 @@ case "$cmd" in
     .venv/bin/mypy mycroft instrumentation native collector_processor rca_service
     # a missing real component fails its tests here (tests/components.py); line and branch
     # coverage of the pytest process, its total printed at the end (docs/testing.md)
+    # the floor (fail_under) holds for the whole suite; a run of a part (arguments given) only reports
+    floor=()
+    [ $# -gt 0 ] && floor=(--cov-fail-under=0)
     MYCROFT_TEST_STRICT=1 exec .venv/bin/python -m pytest -q -p no:cacheprovider \
-      --cov --cov-report=term:skip-covered "$@" ;;
+      --cov --cov-report=term:skip-covered "${floor[@]}" "$@" ;;
   quick)
     setup
     .venv/bin/ruff check .

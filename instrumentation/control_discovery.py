@@ -21,6 +21,8 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mycroft.instrumentation.export import otlp_over_http, otlp_protocol, traces_exporter_name
+
 from mycroft import schema
 
 log = logging.getLogger("mycroft.instrumentation")
@@ -45,13 +47,10 @@ def otlp_target(env: Mapping[str, str]) -> OtlpTarget | None:
     when export is off, discovery is off or the endpoint does not parse (pure)."""
     if env.get(ENV_DISCOVERY, "").strip().lower() in ("0", "off", "false", "no"):
         return None
-    names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
-    name = next((n for n in names if n and n != "none"), "none")
+    name = traces_exporter_name(env)
     if name not in ("otlp", "otlp_proto_grpc", "otlp_proto_http"):
         return None
-    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or "grpc").strip()
-    http = name == "otlp_proto_http" or protocol.startswith("http")
+    http = otlp_over_http(name, otlp_protocol(env))
     endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                 or ("http://localhost:4318" if http else "http://localhost:4317")).strip()
     if "://" not in endpoint:

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mycroft.instrumentation.thread_names import name_this_thread
@@ -60,14 +60,30 @@ def to_readable_span(record: SpanRecord, resource: Resource) -> ReadableSpan:
     )
 
 
+def traces_exporter_name(env: Mapping[str, str]) -> str:
+    """The first exporter OTEL_TRACES_EXPORTER names ("none" when it names none; default "otlp")."""
+    names = [name.strip() for name in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    return next((n for n in names if n and n != "none"), "none")
+
+
+def otlp_protocol(env: Mapping[str, str]) -> str:
+    """OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL, else grpc."""
+    return (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "grpc").strip()
+
+
+def otlp_over_http(name: str, protocol: str) -> bool:
+    """Whether the OTLP exporter chosen sends over HTTP (else gRPC)."""
+    return name == "otlp_proto_http" or protocol.startswith("http")
+
+
 def exporter_from_env() -> SpanExporter | None:
     """The exporter the standard OTEL_* variables ask for (None: tracing export off).
 
     OTLP exporters are the library's, subclassed to also take pre-encoded requests
     (`export_wire`): the library's per-span encoder is most of what a span costs (otlp_wire.py).
     """
-    names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
-    name = next((n for n in names if n and n != "none"), "none")
+    name = traces_exporter_name(os.environ)
     if name == "none":
         return None
     if name == "console":
@@ -76,9 +92,8 @@ def exporter_from_env() -> SpanExporter | None:
         return ConsoleSpanExporter()
     if name not in ("otlp", "otlp_proto_grpc", "otlp_proto_http"):
         log.warning("mycroft: unknown OTEL_TRACES_EXPORTER %r; using otlp", name)
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
-    if name == "otlp_proto_http" or protocol.startswith("http"):
+    protocol = otlp_protocol(os.environ)
+    if otlp_over_http(name, protocol):
         if protocol == "http/json":
             log.warning("mycroft: OTLP http/json export is not available in Python; using http/protobuf")
         from mycroft.instrumentation.wire_exporters import http_exporter

@@ -92,32 +92,28 @@ class Link:
     n_rx: float = 0.0
 
     def add_tx(self, b: int, wire: float, ready: float, blocked: bool) -> None:
-        d = LEDGER_DECAY
-        self.n_tx = self.n_tx * d + 1.0
-        for v in self.tx.values():  # every bin decays with the link's samples: old evidence fades
-            v[0] *= d
-            v[1] *= d
-            v[2] *= d
-            v[3] *= d
-        v = self.tx.setdefault(b, [0.0, 0.0, 0.0, 0.0])
-        v[0] += 1.0
-        v[1] += wire
-        v[2] += ready
-        v[3] += 1.0 if blocked else 0.0
+        self.n_tx = _decay_add(self.tx, self.n_tx, b, wire, ready, blocked)
 
     def add_rx(self, b: int, ahead: float, unconsumed: float, blocked: bool | None) -> None:
-        d = LEDGER_DECAY
-        self.n_rx = self.n_rx * d + 1.0
-        for v in self.rx.values():
-            v[0] *= d
-            v[1] *= d
-            v[2] *= d
-            v[3] *= d
-        v = self.rx.setdefault(b, [0.0, 0.0, 0.0, 0.0])
-        v[0] += 1.0
-        v[1] += ahead
-        v[2] += unconsumed
-        v[3] += 1.0 if blocked else 0.0
+        self.n_rx = _decay_add(self.rx, self.n_rx, b, ahead, unconsumed, blocked)
+
+
+def _decay_add(bins: dict[int, list[float]], n: float, b: int, first: float, second: float,
+               blocked: bool | None) -> float:
+    """One sample into one side's bins: every bin decays with the link's samples (old evidence fades), then
+    bin `b` takes [1, first, second, blocked]; the side's decayed sample count after it."""
+    d = LEDGER_DECAY
+    for v in bins.values():
+        v[0] *= d
+        v[1] *= d
+        v[2] *= d
+        v[3] *= d
+    v = bins.setdefault(b, [0.0, 0.0, 0.0, 0.0])
+    v[0] += 1.0
+    v[1] += first
+    v[2] += second
+    v[3] += 1.0 if blocked else 0.0
+    return n * d + 1.0
 
 
 @dataclass(slots=True)
